@@ -1,0 +1,10 @@
+"""TrellisForge: GLM mixture-of-experts inference on EXL3 weights.
+
+The compute lives in the Zig library `libtrellisforge.so`; this package binds it with cffi in ABI
+mode. The library is found through `TRELLISFORGE_LIB`, beside this package, or in the source tree's
+`zig-out/lib`.
+"""
+from ._ffi import TrellisError, cuda_available, library_path, version
+from .checkpoint import Checkpoint, Exl3Info
+
+__all__ = ["Checkpoint", "Exl3Info", "TrellisError", "cuda_available", "library_path", "version"]

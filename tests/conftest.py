@@ -1,0 +1,34 @@
+"""Shared test setup: the package from python/, fixture locations, tolerance reporting."""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+FIXTURES = ROOT / "tests" / "fixtures" / "glm4_moe"
+SHARED = ROOT.parent / "shared" / "fixtures" / "glm4_moe"
+BPWS = ("3.0", "4.0")
+
+
+def shared_or_skip() -> pathlib.Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent: this check reads peer data too large to copy into tests/")
+    return SHARED
+
+
+def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    expected = np.asarray(expected, dtype=np.float64)
+    denominator = np.linalg.norm(expected)
+    return float(np.linalg.norm(np.asarray(actual, dtype=np.float64) - expected) / max(denominator, 1e-300))
+
+
+def within(error: float, tolerance: float, what: str) -> None:
+    """Asserts error <= tolerance and prints the ratio, so `pytest -s` shows how close it came."""
+    ratio = error / tolerance
+    print(f"{what}: error {error:.3g} = {ratio:.3f} x tol ({tolerance:.1g})")
+    assert np.isfinite(error) and ratio <= 1.0, f"{what}: error {error:.3g} is {ratio:.2f} x the tolerance {tolerance:.1g}"

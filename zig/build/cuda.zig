@@ -1,0 +1,87 @@
+//! The kernel table and the nvcc steps. With -Dnvcc each `.cu` becomes one fatbin holding SASS for
+//! every -Dsm arch plus PTX for the newest one; without it every image is empty and the library
+//! reports the CUDA backend unavailable at run time ("built without -Dnvcc").
+const std = @import("std");
+
+pub const Kernel = struct {
+    name: []const u8,
+    /// Extra nvcc flags, each with its reason.
+    flags: []const []const u8 = &.{},
+};
+
+/// Every kernel source that is compiled and embedded. `zig/src/cuda/kernels.zig` lists the same
+/// names; a kernel added here and not there fails to compile.
+pub const kernels = [_]Kernel{
+    // --fmad=false: the decode must equal the CPU decoder bit for bit; only the explicit
+    // __hfma of the MUL1 codebook may fuse (EXL3.md §6.2).
+    .{ .name = "exl3_decode", .flags = &.{"--fmad=false"} },
+};
+
+pub const Options = struct {
+    nvcc: ?[]const u8,
+    sm: []const u8,
+};
+
+/// Returns a module whose root declares one `[]const u8` per kernel (the fatbin, or empty), and
+/// `built_with_nvcc`.
+pub fn addKernels(b: *std.Build, options: Options) *std.Build.Module {
+    const files = b.addWriteFiles();
+    var source: std.ArrayList(u8) = .empty;
+    const w = &source;
+    const built = options.nvcc != null;
+    append(b, w, "pub const built_with_nvcc = {};\n", .{built});
+    append(b, w, "pub const sm_list = \"{s}\";\n", .{if (built) options.sm else ""});
+
+    const nvcc_version = if (options.nvcc) |nvcc| versionFile(b, nvcc) else null;
+    var images: [kernels.len]std.Build.LazyPath = undefined;
+    for (kernels, &images) |kernel, *image| {
+        image.* = if (options.nvcc) |nvcc|
+            fatbin(b, nvcc, nvcc_version.?, options.sm, kernel)
+        else
+            files.add(b.fmt("{s}.fatbin", .{kernel.name}), "");
+        append(b, w, "pub const {s} align(16) = @embedFile(\"{s}.fatbin\").*;\n", .{ kernel.name, kernel.name });
+    }
+    const module = b.createModule(.{ .root_source_file = files.add("kernel_images.zig", source.items) });
+    for (kernels, images) |kernel, image| {
+        module.addAnonymousImport(b.fmt("{s}.fatbin", .{kernel.name}), .{ .root_source_file = image });
+    }
+    return module;
+}
+
+fn append(b: *std.Build, list: *std.ArrayList(u8), comptime fmt: []const u8, args: anytype) void {
+    list.appendSlice(b.allocator, b.fmt(fmt, args)) catch @panic("OOM");
+}
+
+fn versionFile(b: *std.Build, nvcc: []const u8) std.Build.LazyPath {
+    const run = b.addSystemCommand(&.{ nvcc, "--version" });
+    run.has_side_effects = true; // a new nvcc at the same path must rebuild every fatbin
+    return run.captureStdOut(.{ .basename = "nvcc-version.txt" });
+}
+
+fn fatbin(
+    b: *std.Build,
+    nvcc: []const u8,
+    nvcc_version: std.Build.LazyPath,
+    sm: []const u8,
+    kernel: Kernel,
+) std.Build.LazyPath {
+    const run = b.addSystemCommand(&.{ nvcc, "-fatbin", "-O3", "-std=c++17", "-lineinfo" });
+    run.addFileInput(nvcc_version);
+    run.addArgs(kernel.flags);
+    var newest: []const u8 = "";
+    var it = std.mem.tokenizeScalar(u8, sm, ',');
+    while (it.next()) |arch| {
+        run.addArg(b.fmt("-gencode=arch=compute_{s},code=sm_{s}", .{ arch, arch }));
+        newest = arch;
+    }
+    // PTX of the newest arch lets a later GPU JIT the kernels instead of failing to load them.
+    run.addArg(b.fmt("-gencode=arch=compute_{s},code=compute_{s}", .{ newest, newest }));
+    run.addPrefixedDirectoryArg("-I", b.path("zig/kernels/cuda"));
+    for ([_][]const u8{ "exl3_codebook.cuh", "exl3_trellis.cuh" }) |header| {
+        run.addFileInput(b.path(b.fmt("zig/kernels/cuda/{s}", .{header})));
+    }
+    run.addArg("-o");
+    const image = run.addOutputFileArg(b.fmt("{s}.fatbin", .{kernel.name}));
+    run.addFileArg(b.path(b.fmt("zig/kernels/cuda/{s}.cu", .{kernel.name})));
+    return image;
+}

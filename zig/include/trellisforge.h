@@ -1,0 +1,88 @@
+/* TrellisForge C ABI. Every call returns a tf_status; on anything but TF_OK, tf_last_error()
+ * gives this thread's message for it. No call aborts the process on bad input. The exporting
+ * side is zig/src/c_api.zig; python/trellisforge/_ffi.py reads this header for cffi, so keep it
+ * free of preprocessor logic below the include guard. */
+#ifndef TRELLISFORGE_H
+#define TRELLISFORGE_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TF_OK = 0,
+    TF_ERR_INVALID_ARGUMENT = 1, /* a null pointer, a wrong size, a value out of range */
+    TF_ERR_IO = 2,               /* a file could not be opened or mapped */
+    TF_ERR_FORMAT = 3,           /* a file is malformed: safetensors header, index, config.json */
+    TF_ERR_NOT_FOUND = 4,        /* a tensor or layer that is not in the checkpoint */
+    TF_ERR_UNSUPPORTED = 5,      /* valid input this build does not handle */
+    TF_ERR_OUT_OF_MEMORY = 6,
+    TF_ERR_CUDA = 7,             /* CUDA unavailable or a driver call failed */
+    TF_ERR_INTERNAL = 8
+} tf_status;
+
+typedef struct tf_checkpoint tf_checkpoint;
+
+typedef enum {
+    TF_DTYPE_BOOL = 0, TF_DTYPE_U8 = 1, TF_DTYPE_I8 = 2, TF_DTYPE_I16 = 3, TF_DTYPE_U16 = 4,
+    TF_DTYPE_F16 = 5, TF_DTYPE_BF16 = 6, TF_DTYPE_I32 = 7, TF_DTYPE_U32 = 8, TF_DTYPE_F32 = 9,
+    TF_DTYPE_I64 = 10, TF_DTYPE_U64 = 11, TF_DTYPE_F64 = 12
+} tf_dtype;
+
+typedef struct {
+    const char *name;      /* not NUL-terminated; valid while the checkpoint is open */
+    size_t name_len;
+    int32_t dtype;         /* tf_dtype */
+    uint32_t rank;
+    uint64_t shape[8];
+} tf_tensor_info;
+
+typedef struct {
+    uint64_t in_features_padded;  /* k_p, a multiple of 128 */
+    uint64_t out_features_padded; /* n_p, a multiple of 128 */
+    uint32_t bits_x2;             /* 2 x bits per weight: 2..16, or 3/5/7 for 1.5/2.5/3.5 */
+    int32_t codebook;             /* 0 = 3INST, 1 = MCG, 2 = MUL1 */
+    int32_t has_bias;
+    int32_t reserved;
+} tf_exl3_info;
+
+typedef struct {
+    int32_t present;              /* config.json has a quantization_config */
+    double bits;
+    double head_bits;             /* 0 when absent */
+    int32_t codebook;             /* -1 when absent, else as tf_exl3_info.codebook */
+    int32_t reserved;
+} tf_quantization_info;
+
+const char *tf_version(void);
+const char *tf_last_error(void);
+
+/* CUDA: TF_OK when a GPU with our kernels is usable; otherwise TF_ERR_CUDA and the reason. */
+tf_status tf_cuda_available(void);
+
+/* A safetensors file, or a directory with model.safetensors or shards and an index. */
+tf_status tf_checkpoint_open(const char *path, tf_checkpoint **out);
+tf_status tf_checkpoint_close(tf_checkpoint *checkpoint);
+tf_status tf_checkpoint_tensor_count(const tf_checkpoint *checkpoint, size_t *out);
+tf_status tf_checkpoint_tensor_info(const tf_checkpoint *checkpoint, size_t index, tf_tensor_info *out);
+tf_status tf_checkpoint_quantization(const tf_checkpoint *checkpoint, tf_quantization_info *out);
+
+/* The EXL3 linear whose tensors are <prefix>.trellis, .suh, .svh, [.bias], [.mul1 | .mcg]. */
+tf_status tf_exl3_info_get(const tf_checkpoint *checkpoint, const char *prefix, tf_exl3_info *out);
+/* Wq, the trellis decode before the Hadamards: (k_p, n_p) fp16 bits, bit-exact to the format. */
+tf_status tf_exl3_decode_trellis(const tf_checkpoint *checkpoint, const char *prefix,
+                                 uint16_t *out, size_t out_len);
+/* W = diag(suh) H Wq H diag(svh): (in_features, out_features) float32, y = x @ W orientation.
+ * in_features <= k_p and out_features <= n_p: the padding to drop. */
+tf_status tf_exl3_dequantize(const tf_checkpoint *checkpoint, const char *prefix,
+                             size_t in_features, size_t out_features, float *out, size_t out_len);
+/* y = x @ W + bias for rows x in_features float32 inputs; y is rows x out_features. */
+tf_status tf_exl3_linear(const tf_checkpoint *checkpoint, const char *prefix,
+                         const float *x, size_t rows, size_t in_features,
+                         float *y, size_t out_features);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

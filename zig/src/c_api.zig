@@ -1,0 +1,290 @@
+//! The C ABI (zig/include/trellisforge.h). Each export validates its arguments, runs the Zig call,
+//! and maps any error to a tf_status with the message in a thread-local buffer. Nothing here
+//! panics on input: sizes are checked before slices are formed, and pointers before use.
+const std = @import("std");
+const tf = @import("trellisforge");
+const core = tf.core;
+const exl3 = tf.exl3;
+
+const gpa = std.heap.c_allocator;
+
+pub const Status = enum(c_int) {
+    ok = 0,
+    invalid_argument = 1,
+    io = 2,
+    format = 3,
+    not_found = 4,
+    unsupported = 5,
+    out_of_memory = 6,
+    cuda = 7,
+    internal = 8,
+};
+
+threadlocal var last_error: [1024:0]u8 = @splat(0);
+
+fn setError(message: []const u8) void {
+    const length = @min(message.len, last_error.len);
+    @memcpy(last_error[0..length], message[0..length]);
+    last_error[length] = 0;
+}
+
+fn fail(status: Status, comptime fmt: []const u8, args: anytype) Status {
+    var diag: core.Diagnostic = .{};
+    diag.set(fmt, args);
+    setError(diag.message());
+    return status;
+}
+
+fn statusOf(err: anyerror) Status {
+    return switch (err) {
+        error.FileNotFound, error.AccessDenied, error.IsDirectory, error.MapFailed, error.PathTooLong, error.ReadFailed => .io,
+        error.Truncated, error.HeaderPastEnd, error.HeaderTooLarge, error.InvalidJson, error.InvalidHeader, error.UnknownDType, error.RangeOutsideFile, error.ShapeMismatch, error.OverlappingRanges, error.NoWeights, error.InvalidIndex, error.IndexMismatch, error.DuplicateTensor, error.InvalidConfig, error.InvalidLayer => .format,
+        error.MissingTensor => .not_found,
+        error.UnsupportedQuantization => .unsupported,
+        error.OutOfMemory => .out_of_memory,
+        error.CudaUnavailable, error.CudaFailed => .cuda,
+        else => .internal,
+    };
+}
+
+/// Maps an error to its status; the message is the diagnostic's, or the error's name.
+fn failWith(err: anyerror, diag: *const core.Diagnostic) Status {
+    if (diag.message().len > 0) {
+        setError(diag.message());
+    } else {
+        _ = fail(.internal, "{t}", .{err});
+    }
+    return statusOf(err);
+}
+
+fn ok() Status {
+    last_error[0] = 0;
+    return .ok;
+}
+
+const Handle = struct {
+    magic: u64 = magic_open,
+    checkpoint: core.Checkpoint,
+
+    const magic_open: u64 = 0x7466_636b_7074_0001;
+};
+
+fn handleOf(pointer: ?*const Handle) ?*const Handle {
+    const handle = pointer orelse return null;
+    return if (handle.magic == Handle.magic_open) handle else null;
+}
+
+export fn tf_version() [*:0]const u8 {
+    return tf.version;
+}
+
+export fn tf_last_error() [*:0]const u8 {
+    return &last_error;
+}
+
+export fn tf_cuda_available() Status {
+    var diag: core.Diagnostic = .{};
+    var driver = tf.cuda.driver.Driver.open(&diag) catch |err| return failWith(err, &diag);
+    driver.close();
+    return ok();
+}
+
+export fn tf_checkpoint_open(path: ?[*:0]const u8, out: ?*?*Handle) Status {
+    const path_z = path orelse return fail(.invalid_argument, "path is null", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = null;
+    var diag: core.Diagnostic = .{};
+    const handle = gpa.create(Handle) catch return fail(.out_of_memory, "out of memory", .{});
+    errdefer gpa.destroy(handle);
+    const checkpoint = core.Checkpoint.open(gpa, std.mem.span(path_z), &diag) catch |err| {
+        gpa.destroy(handle);
+        return failWith(err, &diag);
+    };
+    handle.* = .{ .checkpoint = checkpoint };
+    target.* = handle;
+    return ok();
+}
+
+export fn tf_checkpoint_close(pointer: ?*Handle) Status {
+    const handle = pointer orelse return ok();
+    if (handle.magic != Handle.magic_open) return fail(.invalid_argument, "not an open checkpoint", .{});
+    handle.magic = 0;
+    handle.checkpoint.deinit();
+    gpa.destroy(handle);
+    return ok();
+}
+
+export fn tf_checkpoint_tensor_count(pointer: ?*const Handle, out: ?*usize) Status {
+    const handle = handleOf(pointer) orelse return fail(.invalid_argument, "not an open checkpoint", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = handle.checkpoint.tensors.len;
+    return ok();
+}
+
+pub const TensorInfo = extern struct {
+    name: [*]const u8,
+    name_len: usize,
+    dtype: i32,
+    rank: u32,
+    shape: [8]u64,
+};
+
+export fn tf_checkpoint_tensor_info(pointer: ?*const Handle, index: usize, out: ?*TensorInfo) Status {
+    const handle = handleOf(pointer) orelse return fail(.invalid_argument, "not an open checkpoint", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    const tensors = handle.checkpoint.tensors;
+    if (index >= tensors.len) return fail(.invalid_argument, "tensor index {d} is past the {d} tensors", .{ index, tensors.len });
+    const tensor = &tensors[index];
+    target.* = .{
+        .name = tensor.name.ptr,
+        .name_len = tensor.name.len,
+        .dtype = @intFromEnum(tensor.dtype),
+        .rank = tensor.rank,
+        .shape = tensor.shape_buffer,
+    };
+    return ok();
+}
+
+pub const QuantizationInfo = extern struct {
+    present: i32,
+    bits: f64,
+    head_bits: f64,
+    codebook: i32,
+    reserved: i32,
+};
+
+export fn tf_checkpoint_quantization(pointer: ?*const Handle, out: ?*QuantizationInfo) Status {
+    const handle = handleOf(pointer) orelse return fail(.invalid_argument, "not an open checkpoint", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = .{ .present = 0, .bits = 0, .head_bits = 0, .codebook = -1, .reserved = 0 };
+    const model_config = handle.checkpoint.config orelse return ok();
+    const quantization = model_config.quantization orelse return ok();
+    target.* = .{
+        .present = 1,
+        .bits = quantization.bits,
+        .head_bits = quantization.head_bits orelse 0,
+        .codebook = if (quantization.codebook) |cb| switch (cb) {
+            .@"3inst" => 0,
+            .mcg => 1,
+            .mul1 => 2,
+        } else -1,
+        .reserved = 0,
+    };
+    return ok();
+}
+
+pub const Exl3Info = extern struct {
+    in_features_padded: u64,
+    out_features_padded: u64,
+    bits_x2: u32,
+    codebook: i32,
+    has_bias: i32,
+    reserved: i32,
+};
+
+comptime {
+    std.debug.assert(@sizeOf(TensorInfo) == 88);
+    std.debug.assert(@sizeOf(Exl3Info) == 32);
+    std.debug.assert(@sizeOf(QuantizationInfo) == 32);
+}
+
+/// Runs `body(layer, args)` on the EXL3 layer `prefix`, loading and releasing it around the call.
+fn withLayer(pointer: ?*const Handle, prefix: ?[*:0]const u8, args: anytype, comptime body: anytype) Status {
+    const handle = handleOf(pointer) orelse return fail(.invalid_argument, "not an open checkpoint", .{});
+    const prefix_z = prefix orelse return fail(.invalid_argument, "prefix is null", .{});
+    var diag: core.Diagnostic = .{};
+    var layer = exl3.Layer.load(gpa, &handle.checkpoint, std.mem.span(prefix_z), &diag) catch |err| return failWith(err, &diag);
+    defer layer.deinit(gpa);
+    return body(&layer, args);
+}
+
+export fn tf_exl3_info_get(pointer: ?*const Handle, prefix: ?[*:0]const u8, out: ?*Exl3Info) Status {
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    return withLayer(pointer, prefix, target, struct {
+        fn body(layer: *const exl3.Layer, info: *Exl3Info) Status {
+            info.* = .{
+                .in_features_padded = layer.rows,
+                .out_features_padded = layer.columns,
+                .bits_x2 = layer.rate.bits2,
+                .codebook = @intFromEnum(layer.codebook),
+                .has_bias = @intFromBool(layer.bias != null),
+                .reserved = 0,
+            };
+            return ok();
+        }
+    }.body);
+}
+
+export fn tf_exl3_decode_trellis(pointer: ?*const Handle, prefix: ?[*:0]const u8, out: ?[*]align(1) u16, out_len: usize) Status {
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    return withLayer(pointer, prefix, .{ target, out_len }, struct {
+        fn body(layer: *const exl3.Layer, args: struct { [*]align(1) u16, usize }) Status {
+            const needed = layer.rows * layer.columns;
+            if (args[1] != needed) return fail(.invalid_argument, "out holds {d} values; the trellis decodes to {d}x{d} = {d}", .{ args[1], layer.rows, layer.columns, needed });
+            const inner = gpa.alloc(u16, needed) catch return fail(.out_of_memory, "out of memory", .{});
+            defer gpa.free(inner);
+            exl3.linear_cpu.decodeInner(layer, inner);
+            @memcpy(args[0][0..needed], inner);
+            return ok();
+        }
+    }.body);
+}
+
+export fn tf_exl3_dequantize(pointer: ?*const Handle, prefix: ?[*:0]const u8, in_features: usize, out_features: usize, out: ?[*]align(1) f32, out_len: usize) Status {
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    return withLayer(pointer, prefix, .{ in_features, out_features, target, out_len }, struct {
+        fn body(layer: *const exl3.Layer, args: struct { usize, usize, [*]align(1) f32, usize }) Status {
+            const in_f, const out_f, const buffer, const length = args;
+            if (!featuresFit(layer, in_f, out_f)) return featureError(layer, in_f, out_f);
+            if (length != in_f * out_f) return fail(.invalid_argument, "out holds {d} values; {d}x{d} needs {d}", .{ length, in_f, out_f, in_f * out_f });
+            const full = gpa.alloc(f32, layer.rows * layer.columns + in_f * out_f) catch return fail(.out_of_memory, "out of memory", .{});
+            defer gpa.free(full);
+            const trimmed = full[layer.rows * layer.columns ..];
+            exl3.linear_cpu.dequantize(layer, in_f, out_f, full[0 .. layer.rows * layer.columns], trimmed);
+            @memcpy(buffer[0..length], trimmed);
+            return ok();
+        }
+    }.body);
+}
+
+export fn tf_exl3_linear(pointer: ?*const Handle, prefix: ?[*:0]const u8, x: ?[*]align(1) const f32, rows: usize, in_features: usize, y: ?[*]align(1) f32, out_features: usize) Status {
+    const source = x orelse return fail(.invalid_argument, "x is null", .{});
+    const target = y orelse return fail(.invalid_argument, "y is null", .{});
+    return withLayer(pointer, prefix, .{ source, rows, in_features, target, out_features }, struct {
+        fn body(layer: *const exl3.Layer, args: struct { [*]align(1) const f32, usize, usize, [*]align(1) f32, usize }) Status {
+            const x_ptr, const m, const in_f, const y_ptr, const out_f = args;
+            if (!featuresFit(layer, in_f, out_f)) return featureError(layer, in_f, out_f);
+            const rows_max = (1 << 40) / (layer.rows + layer.columns);
+            if (m == 0 or m > rows_max) return fail(.invalid_argument, "rows {d} is outside 1..{d}", .{ m, rows_max });
+            const shape: exl3.linear_cpu.Shape = .{ .rows = m, .in_features = in_f, .out_features = out_f };
+            const buffers = gpa.alloc(f32, m * in_f + m * out_f + exl3.linear_cpu.scratchLength(layer, m)) catch
+                return fail(.out_of_memory, "out of memory for {d} rows", .{m});
+            defer gpa.free(buffers);
+            const x_aligned = buffers[0 .. m * in_f];
+            const y_aligned = buffers[x_aligned.len..][0 .. m * out_f];
+            for (x_aligned, 0..) |*v, i| v.* = x_ptr[i];
+            exl3.linear_cpu.forward(layer, shape, x_aligned, y_aligned, buffers[x_aligned.len + y_aligned.len ..]);
+            for (y_aligned, 0..) |v, i| y_ptr[i] = v;
+            return ok();
+        }
+    }.body);
+}
+
+fn featuresFit(layer: *const exl3.Layer, in_features: usize, out_features: usize) bool {
+    return in_features >= 1 and in_features <= layer.rows and out_features >= 1 and out_features <= layer.columns;
+}
+
+fn featureError(layer: *const exl3.Layer, in_features: usize, out_features: usize) Status {
+    return fail(.invalid_argument, "features {d}x{d} do not fit the layer's padded {d}x{d}", .{ in_features, out_features, layer.rows, layer.columns });
+}
+
+test "null and stale handles are refused, not dereferenced" {
+    var count: usize = 0;
+    try std.testing.expectEqual(Status.invalid_argument, tf_checkpoint_tensor_count(null, &count));
+    try std.testing.expectEqual(Status.invalid_argument, tf_checkpoint_open(null, null));
+    try std.testing.expect(std.mem.len(tf_last_error()) > 0);
+    var out: ?*Handle = null;
+    try std.testing.expectEqual(Status.io, tf_checkpoint_open("/nonexistent/model.safetensors", &out));
+    try std.testing.expect(out == null);
+    try std.testing.expectEqual(Status.ok, tf_checkpoint_close(null));
+}

@@ -1,0 +1,19 @@
+//! Model-agnostic pieces: dtypes, memory-mapped safetensors (single file or shards), config.json.
+pub const dtype = @import("dtype.zig");
+pub const DType = dtype.DType;
+pub const Diagnostic = @import("diagnostic.zig").Diagnostic;
+pub const MappedFile = @import("mapped_file.zig").MappedFile;
+pub const safetensors = @import("safetensors.zig");
+pub const Checkpoint = @import("checkpoint.zig").Checkpoint;
+pub const config = @import("config.zig");
+pub const parallel = @import("parallel.zig");
+
+test {
+    _ = dtype;
+    _ = @import("diagnostic.zig");
+    _ = safetensors;
+    _ = @import("checkpoint.zig");
+    _ = config;
+    _ = parallel;
+    _ = @import("once.zig");
+}

@@ -1,0 +1,152 @@
+//! One GPU in use: its primary context made current on the calling thread, a stream, and typed
+//! wrappers for memory, events and module loading, each returning an error with a message.
+const std = @import("std");
+const driver_api = @import("driver.zig");
+const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
+const Driver = driver_api.Driver;
+pub const DevicePtr = driver_api.DevicePtr;
+pub const Error = driver_api.Error;
+
+pub const Gpu = struct {
+    driver: Driver,
+    device: driver_api.Device,
+    context: driver_api.Context,
+    stream: driver_api.Stream,
+    name_buffer: [256]u8,
+    name_len: usize,
+    compute_capability: u32,
+    multiprocessors: u32,
+
+    pub fn open(ordinal: u32, diag: *Diagnostic) Error!Gpu {
+        var driver = try Driver.open(diag);
+        errdefer driver.close();
+
+        var gpu: Gpu = undefined;
+        gpu.driver = driver;
+        const api = &gpu.driver.api;
+        try driver.check(api.cuDeviceGet(&gpu.device, @intCast(ordinal)), "cuDeviceGet", diag);
+        try driver.check(api.cuDevicePrimaryCtxRetain(&gpu.context, gpu.device), "cuDevicePrimaryCtxRetain", diag);
+        errdefer _ = api.cuDevicePrimaryCtxRelease_v2(gpu.device);
+        try driver.check(api.cuCtxSetCurrent(gpu.context), "cuCtxSetCurrent", diag);
+        try driver.check(api.cuStreamCreate(&gpu.stream, 1), "cuStreamCreate", diag); // 1: non-blocking
+
+        gpu.name_buffer = @splat(0);
+        _ = api.cuDeviceGetName(&gpu.name_buffer, gpu.name_buffer.len, gpu.device);
+        gpu.name_len = std.mem.indexOfScalar(u8, &gpu.name_buffer, 0) orelse gpu.name_buffer.len;
+        gpu.compute_capability = 10 * gpu.attribute(driver_api.attribute_compute_capability_major) +
+            gpu.attribute(driver_api.attribute_compute_capability_minor);
+        gpu.multiprocessors = gpu.attribute(driver_api.attribute_multiprocessor_count);
+        return gpu;
+    }
+
+    pub fn close(gpu: *Gpu) void {
+        _ = gpu.driver.api.cuStreamDestroy_v2(gpu.stream);
+        _ = gpu.driver.api.cuDevicePrimaryCtxRelease_v2(gpu.device);
+        gpu.driver.close();
+        gpu.* = undefined;
+    }
+
+    pub fn name(gpu: *const Gpu) []const u8 {
+        return gpu.name_buffer[0..gpu.name_len];
+    }
+
+    fn attribute(gpu: *const Gpu, which: c_int) u32 {
+        var value: c_int = 0;
+        _ = gpu.driver.api.cuDeviceGetAttribute(&value, which, gpu.device);
+        return @intCast(@max(value, 0));
+    }
+
+    pub fn alloc(gpu: *const Gpu, size_bytes: usize, diag: *Diagnostic) Error!DevicePtr {
+        var ptr: DevicePtr = 0;
+        try gpu.driver.check(gpu.driver.api.cuMemAlloc_v2(&ptr, @max(size_bytes, 1)), "cuMemAlloc", diag);
+        return ptr;
+    }
+
+    pub fn free(gpu: *const Gpu, ptr: DevicePtr) void {
+        _ = gpu.driver.api.cuMemFree_v2(ptr);
+    }
+
+    pub fn upload(gpu: *const Gpu, target: DevicePtr, source: []const u8, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuMemcpyHtoD_v2(target, source.ptr, source.len), "cuMemcpyHtoD", diag);
+    }
+
+    pub fn download(gpu: *const Gpu, target: []u8, source: DevicePtr, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuMemcpyDtoH_v2(target.ptr, source, target.len), "cuMemcpyDtoH", diag);
+    }
+
+    /// Fills with a byte pattern so that an element a kernel failed to write shows up.
+    pub fn poison(gpu: *const Gpu, target: DevicePtr, size_bytes: usize, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuMemsetD8_v2(target, 0xFF, size_bytes), "cuMemsetD8", diag);
+    }
+
+    pub fn synchronize(gpu: *const Gpu, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuStreamSynchronize(gpu.stream), "cuStreamSynchronize", diag);
+    }
+};
+
+/// A loaded fatbin with every kernel it must hold resolved at load: a missing kernel fails here,
+/// not mid-request.
+pub fn Module(comptime kernel_names: []const [:0]const u8) type {
+    return struct {
+        const Self = @This();
+        handle: driver_api.Module,
+        functions: [kernel_names.len]driver_api.Function,
+
+        pub fn load(gpu: *const Gpu, image: []const u8, image_name: []const u8, diag: *Diagnostic) Error!Self {
+            if (image.len == 0) {
+                diag.set("kernel image '{s}' is empty: built without -Dnvcc", .{image_name});
+                return error.CudaUnavailable;
+            }
+            var module: Self = undefined;
+            var what_buffer: [128]u8 = undefined;
+            const what = std.fmt.bufPrint(&what_buffer, "cuModuleLoadData({s}) on sm_{d}", .{ image_name, gpu.compute_capability }) catch "cuModuleLoadData";
+            try gpu.driver.check(gpu.driver.api.cuModuleLoadData(&module.handle, image.ptr), what, diag);
+            errdefer _ = gpu.driver.api.cuModuleUnload(module.handle);
+            inline for (kernel_names, 0..) |kernel_name, i| {
+                const result = gpu.driver.api.cuModuleGetFunction(&module.functions[i], module.handle, kernel_name);
+                if (result != 0) {
+                    diag.set("kernel '{s}' is missing from '{s}' ({s})", .{ kernel_name, image_name, gpu.driver.resultName(result) });
+                    return error.CudaFailed;
+                }
+            }
+            return module;
+        }
+
+        pub fn unload(module: *Self, gpu: *const Gpu) void {
+            _ = gpu.driver.api.cuModuleUnload(module.handle);
+            module.* = undefined;
+        }
+
+        pub fn function(module: *const Self, comptime kernel_name: []const u8) driver_api.Function {
+            inline for (kernel_names, 0..) |known, i| {
+                if (comptime std.mem.eql(u8, known, kernel_name)) return module.functions[i];
+            }
+            @compileError("kernel not declared: " ++ kernel_name);
+        }
+    };
+}
+
+pub const Launch = struct {
+    grid: [3]u32,
+    block: [3]u32,
+    shared_bytes: u32 = 0,
+};
+
+/// `args` is a tuple of pointers to each kernel argument, in order.
+pub fn launch(gpu: *const Gpu, function: driver_api.Function, config: Launch, args: anytype, what: []const u8, diag: *Diagnostic) Error!void {
+    var params: [args.len]?*const anyopaque = undefined;
+    inline for (args, 0..) |arg, i| params[i] = @ptrCast(arg);
+    try gpu.driver.check(gpu.driver.api.cuLaunchKernel(
+        function,
+        config.grid[0],
+        config.grid[1],
+        config.grid[2],
+        config.block[0],
+        config.block[1],
+        config.block[2],
+        config.shared_bytes,
+        gpu.stream,
+        &params,
+        null,
+    ), what, diag);
+}

@@ -1,0 +1,11 @@
+//! The fatbins embedded at build time (zig/build/cuda.zig): empty without -Dnvcc.
+const kernel_images = @import("kernel_images");
+
+pub const built_with_nvcc = kernel_images.built_with_nvcc;
+pub const sm_list = kernel_images.sm_list;
+pub const exl3_decode: []const u8 = &kernel_images.exl3_decode;
+
+test "images are embedded exactly when nvcc built them" {
+    const std = @import("std");
+    try std.testing.expectEqual(built_with_nvcc, exl3_decode.len > 0);
+}

@@ -1,0 +1,14 @@
+//! The CUDA backend's host half: the driver API through dlopen, contexts, streams, events,
+//! device memory, and modules loaded from the fatbins embedded at build time.
+pub const driver = @import("driver.zig");
+pub const kernels = @import("kernels.zig");
+pub const gpu = @import("gpu.zig");
+pub const Gpu = gpu.Gpu;
+pub const exl3_decode = @import("exl3_decode.zig");
+
+test {
+    _ = driver;
+    _ = gpu;
+    _ = kernels;
+    _ = exl3_decode;
+}

@@ -1,0 +1,2 @@
+const std = @import("std");
+pub fn main() void {}
