@@ -89,12 +89,16 @@ class Checkpoint:
             has_bias=bool(info.has_bias),
         )
 
-    def decode_trellis(self, prefix: str) -> np.ndarray:
-        """Wq, the trellis decode before the Hadamards: float16 (k_p, n_p), bit-exact."""
+    def decode_trellis(self, prefix: str, backend: str = "cpu") -> np.ndarray:
+        """Wq, the trellis decode before the Hadamards: float16 (k_p, n_p), bit-exact.
+
+        backend "cuda" runs the GPU kernel (TrellisError when CUDA is unavailable)."""
+        decode = {"cpu": lib.tf_exl3_decode_trellis, "cuda": lib.tf_exl3_decode_trellis_cuda}.get(backend)
+        if decode is None:
+            raise ValueError(f"backend must be 'cpu' or 'cuda', not {backend!r}")
         info = self.exl3_info(prefix)
         out = np.empty((info.in_features_padded, info.out_features_padded), dtype=np.float16)
-        check(lib.tf_exl3_decode_trellis(
-            self._live(), prefix.encode(), ffi.cast("uint16_t *", out.ctypes.data), out.size))
+        check(decode(self._live(), prefix.encode(), ffi.cast("uint16_t *", out.ctypes.data), out.size))
         return out
 
     def dequantize(self, prefix: str, in_features: int | None = None, out_features: int | None = None) -> np.ndarray:

@@ -73,6 +73,9 @@ tf_status tf_exl3_info_get(const tf_checkpoint *checkpoint, const char *prefix, 
 /* Wq, the trellis decode before the Hadamards: (k_p, n_p) fp16 bits, bit-exact to the format. */
 tf_status tf_exl3_decode_trellis(const tf_checkpoint *checkpoint, const char *prefix,
                                  uint16_t *out, size_t out_len);
+/* The same decode on the GPU (tf_exl3_decode kernel): TF_ERR_CUDA when CUDA is unavailable. */
+tf_status tf_exl3_decode_trellis_cuda(const tf_checkpoint *checkpoint, const char *prefix,
+                                      uint16_t *out, size_t out_len);
 /* W = diag(suh) H Wq H diag(svh): (in_features, out_features) float32, y = x @ W orientation.
  * in_features <= k_p and out_features <= n_p: the padding to drop. */
 tf_status tf_exl3_dequantize(const tf_checkpoint *checkpoint, const char *prefix,

@@ -82,10 +82,13 @@ export fn tf_last_error() [*:0]const u8 {
     return &last_error;
 }
 
+/// Available means a GPU answers and our kernels load on it, not merely that libcuda is there.
 export fn tf_cuda_available() Status {
     var diag: core.Diagnostic = .{};
-    var driver = tf.cuda.driver.Driver.open(&diag) catch |err| return failWith(err, &diag);
-    driver.close();
+    var gpu = tf.cuda.Gpu.open(0, &diag) catch |err| return failWith(err, &diag);
+    defer gpu.close();
+    var module = tf.cuda.exl3_decode.load(&gpu, &diag) catch |err| return failWith(err, &diag);
+    module.unload(&gpu);
     return ok();
 }
 
@@ -224,6 +227,26 @@ export fn tf_exl3_decode_trellis(pointer: ?*const Handle, prefix: ?[*:0]const u8
             const inner = gpa.alloc(u16, needed) catch return fail(.out_of_memory, "out of memory", .{});
             defer gpa.free(inner);
             exl3.linear_cpu.decodeInner(layer, inner);
+            @memcpy(args[0][0..needed], inner);
+            return ok();
+        }
+    }.body);
+}
+
+export fn tf_exl3_decode_trellis_cuda(pointer: ?*const Handle, prefix: ?[*:0]const u8, out: ?[*]align(1) u16, out_len: usize) Status {
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    return withLayer(pointer, prefix, .{ target, out_len }, struct {
+        fn body(layer: *const exl3.Layer, args: struct { [*]align(1) u16, usize }) Status {
+            const needed = layer.rows * layer.columns;
+            if (args[1] != needed) return fail(.invalid_argument, "out holds {d} values; the trellis decodes to {d}x{d} = {d}", .{ args[1], layer.rows, layer.columns, needed });
+            const inner = gpa.alloc(u16, needed) catch return fail(.out_of_memory, "out of memory", .{});
+            defer gpa.free(inner);
+            var diag: core.Diagnostic = .{};
+            var gpu = tf.cuda.Gpu.open(0, &diag) catch |err| return failWith(err, &diag);
+            defer gpu.close();
+            var module = tf.cuda.exl3_decode.load(&gpu, &diag) catch |err| return failWith(err, &diag);
+            defer module.unload(&gpu);
+            tf.cuda.exl3_decode.decodeLayer(&gpu, &module, layer, inner, &diag) catch |err| return failWith(err, &diag);
             @memcpy(args[0][0..needed], inner);
             return ok();
         }

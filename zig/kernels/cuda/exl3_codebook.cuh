@@ -19,8 +19,9 @@ __device__ __forceinline__ half decode_sum_of_halves(uint32_t product) {
 
 __device__ __forceinline__ half decode_mul1(uint32_t product) {
     // dp4a with 0x01010101 sums the four bytes onto 0x6400, the fp16 bits of 1024.0, so the
-    // result read as fp16 is exactly 1024 + byte sum.
-    const int h_bits = __dp4a(static_cast<int>(product), 0x01010101, 0x6400);
+    // result read as fp16 is exactly 1024 + byte sum. The unsigned overload: the bytes are 0..255
+    // (the signed one reads them as -128..127 and gets a different sum).
+    const unsigned int h_bits = __dp4a(product, 0x01010101u, 0x6400u);
     const half h = __ushort_as_half(static_cast<unsigned short>(h_bits));
     const half scale = __ushort_as_half(static_cast<unsigned short>(0x1EEE));
     const half bias = __ushort_as_half(static_cast<unsigned short>(0xC931));

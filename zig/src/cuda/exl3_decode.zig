@@ -35,3 +35,24 @@ pub fn run(gpu: *const gpu_mod.Gpu, module: *const DecodeModule, args: Args, dia
         .block = .{ exl3.trellis.tile_weights, 1, 1 },
     }, .{ &words, &out, &tile_rows, &tile_columns, &bits2, &codebook }, "launch tf_exl3_decode", diag);
 }
+
+/// Decodes a whole layer's trellis on the GPU into `out`, (layer.rows, layer.columns) fp16 bits.
+pub fn decodeLayer(gpu: *const gpu_mod.Gpu, module: *const DecodeModule, layer: *const exl3.Layer, out: []u16, diag: *Diagnostic) gpu_mod.Error!void {
+    std.debug.assert(out.len == layer.rows * layer.columns);
+    const words_bytes = std.mem.sliceAsBytes(layer.words);
+    const words_gl = try gpu.alloc(words_bytes.len, diag);
+    defer gpu.free(words_gl);
+    const out_gl = try gpu.alloc(out.len * 2, diag);
+    defer gpu.free(out_gl);
+    try gpu.upload(words_gl, words_bytes, diag);
+    try run(gpu, module, .{
+        .words = words_gl,
+        .out = out_gl,
+        .tile_rows = @intCast(layer.rows / 16),
+        .tile_columns = @intCast(layer.columns / 16),
+        .rate = layer.rate,
+        .codebook = layer.codebook,
+    }, diag);
+    try gpu.synchronize(diag);
+    try gpu.download(std.mem.sliceAsBytes(out), out_gl, diag);
+}
