@@ -122,6 +122,9 @@ fn compareDecode(
     defer gpu.free(out_gl);
     try gpu.upload(words_gl, std.mem.sliceAsBytes(words), &diag);
     try gpu.poison(out_gl, actual.len * 2, &diag);
+    var timer = try cuda.gpu.Timer.create(gpu, &diag);
+    defer timer.destroy(gpu);
+    try timer.begin(gpu, &diag);
     try cuda.exl3_decode.run(gpu, module, .{
         .words = words_gl,
         .out = out_gl,
@@ -130,7 +133,8 @@ fn compareDecode(
         .rate = rate,
         .codebook = cb,
     }, &diag);
-    try gpu.synchronize(&diag);
+    const elapsed_ms = try timer.end(gpu, &diag);
+    if (seen != null) say("     (decode of {d} weights: {d:.3} ms including launch; a correctness kernel, not the GEMM path)\n", .{ actual.len, elapsed_ms });
     try gpu.download(std.mem.sliceAsBytes(actual), out_gl, &diag);
 
     var mismatches: usize = 0;

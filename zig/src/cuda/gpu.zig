@@ -84,6 +84,40 @@ pub const Gpu = struct {
     }
 };
 
+/// A pair of events around work on the GPU's stream: device time, not host time.
+pub const Timer = struct {
+    start: driver_api.Event,
+    stop: driver_api.Event,
+
+    pub fn create(gpu: *const Gpu, diag: *Diagnostic) Error!Timer {
+        var timer: Timer = undefined;
+        try gpu.driver.check(gpu.driver.api.cuEventCreate(&timer.start, 0), "cuEventCreate", diag);
+        errdefer _ = gpu.driver.api.cuEventDestroy_v2(timer.start);
+        try gpu.driver.check(gpu.driver.api.cuEventCreate(&timer.stop, 0), "cuEventCreate", diag);
+        return timer;
+    }
+
+    pub fn destroy(timer: *Timer, gpu: *const Gpu) void {
+        _ = gpu.driver.api.cuEventDestroy_v2(timer.start);
+        _ = gpu.driver.api.cuEventDestroy_v2(timer.stop);
+        timer.* = undefined;
+    }
+
+    pub fn begin(timer: *const Timer, gpu: *const Gpu, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuEventRecord(timer.start, gpu.stream), "cuEventRecord", diag);
+    }
+
+    /// Records the end and waits for it; returns milliseconds between the two events.
+    pub fn end(timer: *const Timer, gpu: *const Gpu, diag: *Diagnostic) Error!f32 {
+        const api = &gpu.driver.api;
+        try gpu.driver.check(api.cuEventRecord(timer.stop, gpu.stream), "cuEventRecord", diag);
+        try gpu.driver.check(api.cuEventSynchronize(timer.stop), "cuEventSynchronize", diag);
+        var elapsed_ms: f32 = 0;
+        try gpu.driver.check(api.cuEventElapsedTime(&elapsed_ms, timer.start, timer.stop), "cuEventElapsedTime", diag);
+        return elapsed_ms;
+    }
+};
+
 /// A loaded fatbin with every kernel it must hold resolved at load: a missing kernel fails here,
 /// not mid-request.
 pub fn Module(comptime kernel_names: []const [:0]const u8) type {
