@@ -85,6 +85,72 @@ tf_status tf_exl3_linear(const tf_checkpoint *checkpoint, const char *prefix,
                          const float *x, size_t rows, size_t in_features,
                          float *y, size_t out_features);
 
+/* ---- Engine: sequences, paged KV cache, continuous batching, sampling. An engine is not
+ * thread-safe: callers serialize the calls on one engine. ---- */
+typedef struct tf_engine tf_engine;
+
+typedef struct {
+    int32_t backend;             /* 0 = cpu, 1 = cuda */
+    uint32_t sequences_max;      /* live + waiting sequences, 1..256 */
+    uint32_t kv_pages;           /* 0: sequences_max full contexts */
+    uint32_t page_tokens;        /* positions per KV page */
+    uint32_t context_tokens_max; /* 0: the model's max_position_embeddings, capped at 8192 */
+    uint32_t rows_max;           /* tokens per step: prompt chunks + decode rows */
+} tf_engine_params;
+
+typedef struct {
+    float temperature;           /* 0 = greedy */
+    float top_p;                 /* (0, 1] */
+    int32_t top_k;               /* 0 = off */
+    float min_p;                 /* [0, 1] */
+    float presence_penalty;      /* [-2, 2], over generated tokens */
+    float frequency_penalty;     /* [-2, 2], over generated tokens */
+    float repetition_penalty;    /* (0, 10], 1 = off, over prompt and generated tokens */
+    int32_t top_logprobs;        /* alternatives per token, 0..20 */
+    uint64_t seed;
+    int32_t has_seed;            /* 0: a fresh random seed */
+    uint32_t max_tokens;         /* >= 1 */
+} tf_sampling_params;
+
+typedef enum { TF_FINISH_NONE = 0, TF_FINISH_STOP = 1, TF_FINISH_LENGTH = 2, TF_FINISH_CANCELLED = 3 } tf_finish;
+
+typedef struct {
+    uint64_t sequence_id;
+    uint32_t token;
+    int32_t finish;              /* tf_finish; not NONE on a sequence's last record */
+    float logprob;               /* log-softmax of the model's logits */
+    uint32_t top_count;
+    uint32_t top_tokens[20];
+    float top_logprobs[20];
+} tf_step_record;
+
+typedef struct {
+    uint32_t pages_total;
+    uint32_t pages_free;
+    uint32_t pages_reserved;
+    uint32_t sequences_live;
+    uint32_t sequences_waiting;
+    uint32_t sequences_max;
+    uint32_t context_tokens_max;
+    uint32_t vocab_size;
+} tf_engine_stats;
+
+tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);
+tf_status tf_engine_destroy(tf_engine *engine);
+/* Queues a sequence; *id_out names it in step records and cancel. stop_tokens end it with STOP. */
+tf_status tf_engine_add_sequence(tf_engine *engine, const uint32_t *tokens, size_t count,
+                                 const tf_sampling_params *sampling, const uint32_t *stop_tokens,
+                                 size_t stop_count, uint64_t *id_out);
+/* One forward over all live sequences; fills up to capacity records, one per sampled token. */
+tf_status tf_engine_step(tf_engine *engine, tf_step_record *records, size_t capacity, size_t *count_out);
+/* Ends a sequence now and returns its KV pages. */
+tf_status tf_engine_cancel(tf_engine *engine, uint64_t sequence_id);
+tf_status tf_engine_stats_get(const tf_engine *engine, tf_engine_stats *out);
+/* Logits at every position of `prompts` fresh sequences run as one batch; tokens holds them back
+ * to back, lengths their sizes; out is (sum of lengths, vocab) float32. */
+tf_status tf_engine_prompt_logits(tf_engine *engine, const uint32_t *tokens, const size_t *lengths,
+                                  size_t prompts, float *out, size_t out_len);
+
 #ifdef __cplusplus
 }
 #endif

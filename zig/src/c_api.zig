@@ -39,7 +39,10 @@ fn statusOf(err: anyerror) Status {
     return switch (err) {
         error.FileNotFound, error.AccessDenied, error.IsDirectory, error.MapFailed, error.PathTooLong, error.ReadFailed => .io,
         error.Truncated, error.HeaderPastEnd, error.HeaderTooLarge, error.InvalidJson, error.InvalidHeader, error.UnknownDType, error.RangeOutsideFile, error.ShapeMismatch, error.OverlappingRanges, error.NoWeights, error.InvalidIndex, error.IndexMismatch, error.DuplicateTensor, error.InvalidConfig, error.InvalidLayer => .format,
-        error.MissingTensor => .not_found,
+        error.MissingTensor, error.NotFound => .not_found,
+        error.InvalidArgument => .invalid_argument,
+        error.UnsupportedModel => .unsupported,
+        error.NoConfig, error.InvalidWeights, error.UnexpectedTensor => .format,
         error.UnsupportedQuantization => .unsupported,
         error.OutOfMemory => .out_of_memory,
         error.CudaUnavailable, error.CudaFailed => .cuda,
@@ -291,6 +294,134 @@ export fn tf_exl3_linear(pointer: ?*const Handle, prefix: ?[*:0]const u8, x: ?[*
             return ok();
         }
     }.body);
+}
+
+// ---- Engine ----
+
+const Engine = tf.engine.Engine;
+const engine_mod = tf.engine.engine;
+
+comptime {
+    std.debug.assert(@sizeOf(engine_mod.Params) == 24);
+    std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 48);
+    std.debug.assert(@sizeOf(engine_mod.Record) == 184);
+    std.debug.assert(@sizeOf(engine_mod.Stats) == 32);
+}
+
+const EngineHandle = struct {
+    magic: u64 = magic_open,
+    engine: *Engine,
+
+    const magic_open: u64 = 0x7466_656e_6769_0001;
+};
+
+fn engineOf(pointer: ?*EngineHandle) ?*Engine {
+    const handle = pointer orelse return null;
+    return if (handle.magic == EngineHandle.magic_open) handle.engine else null;
+}
+
+export fn tf_engine_create(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, out: ?*?*EngineHandle) Status {
+    const dir = model_dir orelse return fail(.invalid_argument, "model_dir is null", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = null;
+    const requested: engine_mod.Params = if (params) |p| p.* else .{};
+    var diag: core.Diagnostic = .{};
+    const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
+    const engine = Engine.init(gpa, std.mem.span(dir), requested, &diag) catch |err| {
+        gpa.destroy(handle);
+        return failWith(err, &diag);
+    };
+    handle.* = .{ .engine = engine };
+    target.* = handle;
+    return ok();
+}
+
+export fn tf_engine_destroy(pointer: ?*EngineHandle) Status {
+    const handle = pointer orelse return ok();
+    if (handle.magic != EngineHandle.magic_open) return fail(.invalid_argument, "not a live engine", .{});
+    handle.magic = 0;
+    handle.engine.deinit();
+    gpa.destroy(handle);
+    return ok();
+}
+
+export fn tf_engine_add_sequence(
+    pointer: ?*EngineHandle,
+    tokens: ?[*]align(1) const u32,
+    count: usize,
+    sampling: ?*const tf.engine.sampler.Params,
+    stop_tokens: ?[*]align(1) const u32,
+    stop_count: usize,
+    id_out: ?*u64,
+) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    const target = id_out orelse return fail(.invalid_argument, "id_out is null", .{});
+    if (count > 0 and tokens == null) return fail(.invalid_argument, "tokens is null", .{});
+    if (stop_count > 0 and stop_tokens == null) return fail(.invalid_argument, "stop_tokens is null", .{});
+    if (count > engine.params.context_tokens_max) return fail(.invalid_argument, "the prompt has {d} tokens; the context holds {d}", .{ count, engine.params.context_tokens_max });
+    if (stop_count > engine_mod.stop_tokens_max) return fail(.invalid_argument, "{d} stop tokens; at most {d}", .{ stop_count, engine_mod.stop_tokens_max });
+    const prompt_buffer = gpa.alloc(u32, count) catch return fail(.out_of_memory, "out of memory", .{});
+    defer gpa.free(prompt_buffer);
+    for (prompt_buffer, 0..) |*t, i| t.* = tokens.?[i];
+    var stops: [engine_mod.stop_tokens_max]u32 = undefined;
+    for (stops[0..stop_count], 0..) |*t, i| t.* = stop_tokens.?[i];
+    const params: tf.engine.sampler.Params = if (sampling) |s| s.* else .{};
+    var diag: core.Diagnostic = .{};
+    target.* = engine.addSequence(prompt_buffer, params, stops[0..stop_count], &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
+export fn tf_engine_step(pointer: ?*EngineHandle, records: ?[*]engine_mod.Record, capacity: usize, count_out: ?*usize) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    const target = count_out orelse return fail(.invalid_argument, "count_out is null", .{});
+    if (capacity > 0 and records == null) return fail(.invalid_argument, "records is null", .{});
+    target.* = engine.step(if (records) |r| r[0..capacity] else &.{});
+    return ok();
+}
+
+export fn tf_engine_cancel(pointer: ?*EngineHandle, id: u64) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    var diag: core.Diagnostic = .{};
+    engine.cancel(id, &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
+export fn tf_engine_stats_get(pointer: ?*EngineHandle, out: ?*engine_mod.Stats) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = engine.stats();
+    return ok();
+}
+
+export fn tf_engine_prompt_logits(pointer: ?*EngineHandle, tokens: ?[*]align(1) const u32, lengths: ?[*]align(1) const usize, prompts: usize, out: ?[*]align(1) f32, out_len: usize) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    const token_ptr = tokens orelse return fail(.invalid_argument, "tokens is null", .{});
+    const length_ptr = lengths orelse return fail(.invalid_argument, "lengths is null", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    if (prompts == 0 or prompts > engine.params.sequences_max) return fail(.invalid_argument, "prompts must be 1..{d}", .{engine.params.sequences_max});
+    var total: usize = 0;
+    for (0..prompts) |p| {
+        if (length_ptr[p] > engine.params.context_tokens_max) return fail(.invalid_argument, "prompt {d} has {d} tokens; the context holds {d}", .{ p, length_ptr[p], engine.params.context_tokens_max });
+        total += length_ptr[p];
+    }
+    const vocab = engine.config().vocab_size;
+    if (out_len != total * vocab) return fail(.invalid_argument, "out holds {d} values; {d} positions x {d} vocab needs {d}", .{ out_len, total, vocab, total * vocab });
+    const copy = gpa.alloc(u32, total) catch return fail(.out_of_memory, "out of memory", .{});
+    defer gpa.free(copy);
+    for (copy, 0..) |*t, i| t.* = token_ptr[i];
+    const slices = gpa.alloc([]const u32, prompts) catch return fail(.out_of_memory, "out of memory", .{});
+    defer gpa.free(slices);
+    var at: usize = 0;
+    for (slices, 0..) |*slice, p| {
+        slice.* = copy[at..][0..length_ptr[p]];
+        at += length_ptr[p];
+    }
+    const logits = gpa.alloc(f32, out_len) catch return fail(.out_of_memory, "out of memory for {d} logits", .{out_len});
+    defer gpa.free(logits);
+    var diag: core.Diagnostic = .{};
+    engine.promptLogits(slices, logits, &diag) catch |err| return failWith(err, &diag);
+    for (logits, 0..) |v, i| target[i] = v;
+    return ok();
 }
 
 fn featuresFit(layer: *const exl3.Layer, in_features: usize, out_features: usize) bool {

@@ -4,7 +4,8 @@ pub const DType = dtype.DType;
 pub const Diagnostic = @import("diagnostic.zig").Diagnostic;
 pub const MappedFile = @import("mapped_file.zig").MappedFile;
 pub const safetensors = @import("safetensors.zig");
-pub const Checkpoint = @import("checkpoint.zig").Checkpoint;
+pub const checkpoint = @import("checkpoint.zig");
+pub const Checkpoint = checkpoint.Checkpoint;
 pub const config = @import("config.zig");
 pub const parallel = @import("parallel.zig");
 

@@ -64,7 +64,8 @@ const MatmulJob = struct {
     sums: []f32,
 
     /// Tile columns [begin, end): sums[:, 16·begin .. 16·end) = rotated · Wq[:, same].
-    fn run(job: *const MatmulJob, begin: usize, end: usize) void {
+    fn run(job: *const MatmulJob, worker: usize, begin: usize, end: usize) void {
+        _ = worker;
         const layer = job.layer;
         const values = codebook.table(layer.codebook);
         const tile_rows = layer.rows / trellis.tile_size;

@@ -4,7 +4,8 @@ pub const codebook = @import("codebook.zig");
 pub const Codebook = codebook.Codebook;
 pub const trellis = @import("trellis.zig");
 pub const hadamard = @import("hadamard.zig");
-pub const Layer = @import("layer.zig").Layer;
+pub const layer = @import("layer.zig");
+pub const Layer = layer.Layer;
 pub const linear_cpu = @import("linear_cpu.zig");
 
 test {

@@ -1,0 +1,199 @@
+"""The engine: a model directory served by libtrellisforge's continuous-batching engine.
+
+`Engine` is the contract later work relies on: `logits`, `generate`, `stream`, `stats`, plus the
+lower-level `add` / `step` / `cancel` that the server's loop thread drives. Calls on one engine are
+serialized by a lock (the library's engine is single-threaded; cffi releases the GIL)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ._ffi import check, ffi, lib
+
+FINISH_REASONS = {0: None, 1: "stop", 2: "length", 3: "cancelled"}
+BACKENDS = {"cpu": 0, "cuda": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_logprobs: int = 0
+    seed: int | None = None
+
+    def to_c(self):
+        params = ffi.new("tf_sampling_params *")
+        params.temperature = self.temperature
+        params.top_p = self.top_p
+        params.top_k = self.top_k
+        params.min_p = self.min_p
+        params.presence_penalty = self.presence_penalty
+        params.frequency_penalty = self.frequency_penalty
+        params.repetition_penalty = self.repetition_penalty
+        params.top_logprobs = self.top_logprobs
+        params.seed = (self.seed or 0) & 0xFFFFFFFFFFFFFFFF
+        params.has_seed = 0 if self.seed is None else 1
+        params.max_tokens = self.max_tokens
+        return params
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of one sequence."""
+    sequence_id: int
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    finish_reason: str | None  # None while the sequence goes on
+
+
+class Engine:
+    def __init__(self, model_dir: str | os.PathLike, backend: str = "cpu", max_seqs: int = 16,
+                 kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
+        self.model_dir = pathlib.Path(model_dir)
+        params = ffi.new("tf_engine_params *")
+        params.backend = BACKENDS[backend]
+        params.sequences_max = max_seqs
+        params.kv_pages = kv_pages
+        params.page_tokens = page_tokens
+        params.context_tokens_max = ctx
+        params.rows_max = rows_max
+        handle = ffi.new("tf_engine **")
+        check(lib.tf_engine_create(os.fsencode(os.fspath(model_dir)), params, handle))
+        self._handle = handle[0]
+        self._lock = threading.Lock()
+        self._records = ffi.new("tf_step_record[]", max(max_seqs, 64))
+        self.eos_token_ids = _eos_token_ids(self.model_dir)
+        stats = self.stats()
+        self.vocab_size = stats["vocab_size"]
+        self.context_tokens_max = stats["context_tokens_max"]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                check(lib.tf_engine_destroy(self._handle))
+                self._handle = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            lib.tf_engine_destroy(self._handle)
+            self._handle = None
+
+    def _live(self):
+        if self._handle is None:
+            raise ValueError("engine is closed")
+        return self._handle
+
+    # ---- low level: what the server's loop thread drives ----
+
+    def add(self, token_ids: Sequence[int], sampling: Sampling, stop_token_ids: Sequence[int] | None = None) -> int:
+        tokens = np.ascontiguousarray(token_ids, dtype=np.uint32)
+        stops = np.ascontiguousarray(self.eos_token_ids if stop_token_ids is None else list(stop_token_ids), dtype=np.uint32)
+        sequence_id = ffi.new("uint64_t *")
+        with self._lock:
+            check(lib.tf_engine_add_sequence(
+                self._live(), ffi.cast("uint32_t *", tokens.ctypes.data), tokens.size, sampling.to_c(),
+                ffi.cast("uint32_t *", stops.ctypes.data), stops.size, sequence_id))
+        return int(sequence_id[0])
+
+    def step(self) -> list[TokenEvent]:
+        count = ffi.new("size_t *")
+        with self._lock:
+            check(lib.tf_engine_step(self._live(), self._records, len(self._records), count))
+            records = [self._records[i] for i in range(count[0])]
+            return [
+                TokenEvent(
+                    sequence_id=int(r.sequence_id), token=int(r.token), logprob=float(r.logprob),
+                    top=tuple((int(r.top_tokens[j]), float(r.top_logprobs[j])) for j in range(r.top_count)),
+                    finish_reason=FINISH_REASONS.get(r.finish, "stop"),
+                )
+                for r in records
+            ]
+
+    def cancel(self, sequence_id: int) -> None:
+        with self._lock:
+            check(lib.tf_engine_cancel(self._live(), sequence_id))
+
+    def stats(self) -> dict:
+        out = ffi.new("tf_engine_stats *")
+        with self._lock:
+            check(lib.tf_engine_stats_get(self._live(), out))
+        return {name: getattr(out, name) for name in (
+            "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
+            "sequences_max", "context_tokens_max", "vocab_size")}
+
+    # ---- high level ----
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 (len(token_ids), vocab): logits at every position of one fresh sequence."""
+        return self.logits_batch([token_ids])[0]
+
+    def logits_batch(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Logits of several fresh sequences run together in the same batches."""
+        lengths = np.array([len(p) for p in prompts], dtype=np.uintp)
+        tokens = np.ascontiguousarray(np.concatenate([np.asarray(p, dtype=np.uint32) for p in prompts]))
+        out = np.empty((int(lengths.sum()), self.vocab_size), dtype=np.float32)
+        with self._lock:
+            check(lib.tf_engine_prompt_logits(
+                self._live(), ffi.cast("uint32_t *", tokens.ctypes.data), ffi.cast("size_t *", lengths.ctypes.data),
+                len(prompts), ffi.cast("float *", out.ctypes.data), out.size))
+        return np.split(out, np.cumsum(lengths)[:-1].astype(np.int64))
+
+    def stream(self, token_ids: Sequence[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+               stop_token_ids: Sequence[int] | None = None, **sampling) -> Iterator[TokenEvent]:
+        """Tokens of one sequence as they are sampled; stepping runs other live sequences too.
+        Closing the iterator early cancels the sequence."""
+        params = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                          min_p=min_p, seed=seed, **sampling)
+        sequence_id = self.add(token_ids, params, stop_token_ids)
+        finished = False
+        try:
+            while not finished:
+                for event in self.step():
+                    if event.sequence_id == sequence_id:
+                        finished = event.finish_reason is not None
+                        yield event
+        finally:
+            if not finished:
+                try:
+                    self.cancel(sequence_id)
+                except Exception:  # already finished between the last step and the close
+                    pass
+
+    def generate(self, token_ids: Sequence[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+                 stop_token_ids: Sequence[int] | None = None, **sampling) -> list[int]:
+        return [e.token for e in self.stream(token_ids, max_tokens, temperature, top_p, top_k, min_p, seed,
+                                             stop_token_ids, **sampling)]
+
+
+def _eos_token_ids(model_dir: pathlib.Path) -> list[int]:
+    """EOS ids from generation_config.json, else config.json (GLM.md §2.5: a list; stop on any)."""
+    for name in ("generation_config.json", "config.json"):
+        path = model_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if value is not None:
+                return [int(v) for v in (value if isinstance(value, list) else [value])]
+    return []

@@ -1,0 +1,492 @@
+//! The engine: sequences, their paged KV, and `step()`, one forward over a batch that mixes prompt
+//! chunks and decode rows of many sequences (continuous batching with chunked prefill). Everything
+//! a step uses is allocated in `init`; a sequence is admitted only when its whole page budget
+//! (prompt + max_tokens, capped at the context) can be reserved, so a step never runs out of pages
+//! and never touches another sequence's.
+const std = @import("std");
+const assert = std.debug.assert;
+const core = @import("../core/root.zig");
+const glm = @import("../families/glm/root.zig");
+const KvCache = @import("kv_cache.zig").KvCache;
+const sampler = @import("sampler.zig");
+const Diagnostic = core.Diagnostic;
+
+pub const Error = error{ InvalidArgument, NotFound, OutOfMemory, UnsupportedModel, InvalidConfig, NoConfig } ||
+    core.checkpoint.Error || glm.weights.Error;
+
+pub const Backend = enum(i32) { cpu = 0, cuda = 1 };
+
+pub const Params = extern struct {
+    backend: i32 = 0,
+    sequences_max: u32 = 16,
+    kv_pages: u32 = 0, // 0: enough for every sequence at full context
+    page_tokens: u32 = 16,
+    context_tokens_max: u32 = 0, // 0: the model's max_position_embeddings, capped at 8192
+    rows_max: u32 = 256, // tokens per step (prompt chunks + decode rows)
+};
+
+pub const Finish = enum(i32) { none = 0, stop = 1, length = 2, cancelled = 3 };
+
+pub const Record = extern struct {
+    sequence_id: u64,
+    token: u32,
+    finish: i32,
+    logprob: f32,
+    top_count: u32,
+    top_tokens: [sampler.top_logprobs_max]u32,
+    top_logprobs: [sampler.top_logprobs_max]f32,
+};
+
+pub const Stats = extern struct {
+    pages_total: u32,
+    pages_free: u32,
+    pages_reserved: u32,
+    sequences_live: u32,
+    sequences_waiting: u32,
+    sequences_max: u32,
+    context_tokens_max: u32,
+    vocab_size: u32,
+};
+
+pub const stop_tokens_max = 64;
+
+const State = enum { free, waiting, active };
+
+const Sequence = struct {
+    state: State = .free,
+    id: u64 = 0,
+    /// prompt ++ generated tokens; `tokens[0..computed]` are in the cache.
+    tokens: []u32,
+    prompt_len: usize = 0,
+    length: usize = 0,
+    computed: usize = 0,
+    pages: []u32,
+    pages_used: usize = 0,
+    pages_reserved: usize = 0,
+    sampling: sampler.Params = .{},
+    stop_tokens: [stop_tokens_max]u32 = undefined,
+    stop_count: usize = 0,
+    prng: std.Random.DefaultPrng = undefined,
+};
+
+pub const Engine = struct {
+    gpa: std.mem.Allocator,
+    checkpoint: core.Checkpoint,
+    weights: glm.Weights,
+    params: Params,
+    cache: KvCache,
+    scratch: glm.forward_cpu.Scratch,
+    sequences: []Sequence,
+    pages_reserved: usize,
+    next_id: u64,
+    workspace: sampler.Workspace,
+    // Per-step plan, sized for rows_max rows.
+    batch_tokens: []u32,
+    batch_positions: []u32,
+    batch_tables: [][]const u32,
+    batch_slots: []u32,
+    logits_rows: []u32,
+    logits_slots: []u32,
+    logits: []f32, // (logits_rows_max, vocab)
+    logits_rows_max: usize,
+    plan_arena: std.heap.ArenaAllocator,
+
+    pub fn init(gpa: std.mem.Allocator, model_dir: []const u8, requested: Params, diag: *Diagnostic) Error!*Engine {
+        if (requested.backend != @intFromEnum(Backend.cpu)) {
+            diag.set("backend {d} is not available in this build (the CUDA forward is not implemented yet; use cpu)", .{requested.backend});
+            return error.InvalidArgument;
+        }
+        const engine = try gpa.create(Engine);
+        errdefer gpa.destroy(engine);
+        engine.gpa = gpa;
+
+        engine.checkpoint = try core.Checkpoint.open(gpa, model_dir, diag);
+        errdefer engine.checkpoint.deinit();
+        const model_config = engine.checkpoint.config orelse {
+            diag.set("'{s}' has no config.json", .{model_dir});
+            return error.NoConfig;
+        };
+        const model = try glm.Config.parse(&model_config, diag);
+        engine.weights = try glm.Weights.load(gpa, &engine.checkpoint, model, diag);
+        errdefer engine.weights.deinit(gpa);
+
+        engine.params = try resolveParams(requested, model, diag);
+        const p = engine.params;
+        engine.cache = try KvCache.init(gpa, .{
+            .layers = model.layers,
+            .kv_heads = model.kv_heads,
+            .head_dim = model.head_dim,
+            .page_tokens = p.page_tokens,
+            .pages = p.kv_pages,
+        });
+        errdefer engine.cache.deinit(gpa);
+        engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
+        errdefer engine.scratch.deinit();
+        engine.workspace = try sampler.Workspace.init(gpa, model.vocab_size);
+        errdefer engine.workspace.deinit(gpa);
+        try engine.allocPlan();
+        engine.pages_reserved = 0;
+        engine.next_id = 1;
+        return engine;
+    }
+
+    /// Sequences and the per-step plan, all from one arena freed with the engine.
+    fn allocPlan(engine: *Engine) Error!void {
+        engine.plan_arena = std.heap.ArenaAllocator.init(engine.gpa);
+        errdefer engine.plan_arena.deinit();
+        const a = engine.plan_arena.allocator();
+        const p = engine.params;
+        const pages_per_sequence = std.math.divCeil(usize, p.context_tokens_max, p.page_tokens) catch unreachable;
+        engine.sequences = try a.alloc(Sequence, p.sequences_max);
+        for (engine.sequences) |*s| s.* = .{
+            .tokens = try a.alloc(u32, p.context_tokens_max),
+            .pages = try a.alloc(u32, pages_per_sequence),
+        };
+        const rows = p.rows_max;
+        engine.batch_tokens = try a.alloc(u32, rows);
+        engine.batch_positions = try a.alloc(u32, rows);
+        engine.batch_tables = try a.alloc([]const u32, rows);
+        engine.batch_slots = try a.alloc(u32, rows);
+        engine.logits_rows_max = @max(p.sequences_max, @min(rows, 64));
+        engine.logits_rows = try a.alloc(u32, engine.logits_rows_max);
+        engine.logits_slots = try a.alloc(u32, engine.logits_rows_max);
+        engine.logits = try a.alloc(f32, engine.logits_rows_max * engine.weights.config.vocab_size);
+    }
+
+    pub fn deinit(engine: *Engine) void {
+        const gpa = engine.gpa;
+        engine.plan_arena.deinit();
+        engine.workspace.deinit(gpa);
+        engine.scratch.deinit();
+        engine.cache.deinit(gpa);
+        engine.weights.deinit(gpa);
+        engine.checkpoint.deinit();
+        gpa.destroy(engine);
+    }
+
+    pub fn config(engine: *const Engine) *const glm.Config {
+        return &engine.weights.config;
+    }
+
+    /// Queues a sequence; it becomes active in a later step once its page budget fits.
+    pub fn addSequence(engine: *Engine, prompt: []const u32, sampling: sampler.Params, stop_tokens: []const u32, diag: *Diagnostic) Error!u64 {
+        const p = engine.params;
+        if (sampling.check()) |problem| {
+            diag.set("{s}", .{problem});
+            return error.InvalidArgument;
+        }
+        if (prompt.len == 0) {
+            diag.set("the prompt is empty", .{});
+            return error.InvalidArgument;
+        }
+        if (prompt.len >= p.context_tokens_max) {
+            diag.set("the prompt has {d} tokens; the context holds {d}, and at least one must be left to generate", .{ prompt.len, p.context_tokens_max });
+            return error.InvalidArgument;
+        }
+        if (stop_tokens.len > stop_tokens_max) {
+            diag.set("{d} stop tokens; at most {d}", .{ stop_tokens.len, stop_tokens_max });
+            return error.InvalidArgument;
+        }
+        for (prompt) |t| if (t >= engine.config().vocab_size) {
+            diag.set("token id {d} is outside the vocabulary of {d}", .{ t, engine.config().vocab_size });
+            return error.InvalidArgument;
+        };
+        const pages_needed = pagesFor(engine, prompt.len + sampling.max_tokens);
+        if (pages_needed > p.kv_pages) {
+            diag.set("the sequence needs {d} KV pages but the pool has {d}", .{ pages_needed, p.kv_pages });
+            return error.InvalidArgument;
+        }
+        const slot = for (engine.sequences, 0..) |*s, i| {
+            if (s.state == .free) break i;
+        } else {
+            diag.set("all {d} sequence slots are in use", .{p.sequences_max});
+            return error.InvalidArgument;
+        };
+        const sequence = &engine.sequences[slot];
+        sequence.state = .waiting;
+        sequence.id = engine.next_id;
+        engine.next_id += 1;
+        @memcpy(sequence.tokens[0..prompt.len], prompt);
+        sequence.prompt_len = prompt.len;
+        sequence.length = prompt.len;
+        sequence.computed = 0;
+        sequence.pages_used = 0;
+        sequence.pages_reserved = pages_needed;
+        sequence.sampling = sampling;
+        @memcpy(sequence.stop_tokens[0..stop_tokens.len], stop_tokens);
+        sequence.stop_count = stop_tokens.len;
+        const seed = if (sampling.has_seed != 0) sampling.seed else randomSeed(sequence.id);
+        sequence.prng = std.Random.DefaultPrng.init(seed);
+        return sequence.id;
+    }
+
+    fn pagesFor(engine: *const Engine, tokens: usize) usize {
+        const capped = @min(tokens, engine.params.context_tokens_max);
+        return std.math.divCeil(usize, capped, engine.params.page_tokens) catch unreachable;
+    }
+
+    pub fn cancel(engine: *Engine, id: u64, diag: *Diagnostic) Error!void {
+        const sequence = engine.find(id) orelse {
+            diag.set("no live sequence with id {d}", .{id});
+            return error.NotFound;
+        };
+        engine.finish(sequence);
+    }
+
+    fn find(engine: *Engine, id: u64) ?*Sequence {
+        for (engine.sequences) |*s| {
+            if (s.state != .free and s.id == id) return s;
+        }
+        return null;
+    }
+
+    fn slotOf(engine: *const Engine, sequence: *const Sequence) u32 {
+        return @intCast((@intFromPtr(sequence) - @intFromPtr(engine.sequences.ptr)) / @sizeOf(Sequence));
+    }
+
+    fn finish(engine: *Engine, sequence: *Sequence) void {
+        const slot = engine.slotOf(sequence);
+        for (sequence.pages[0..sequence.pages_used]) |page| engine.cache.release(slot, page);
+        if (sequence.state == .active) engine.pages_reserved -= sequence.pages_reserved;
+        sequence.pages_used = 0;
+        sequence.state = .free;
+    }
+
+    pub fn stats(engine: *const Engine) Stats {
+        var live: u32 = 0;
+        var waiting: u32 = 0;
+        for (engine.sequences) |s| switch (s.state) {
+            .free => {},
+            .waiting => waiting += 1,
+            .active => live += 1,
+        };
+        return .{
+            .pages_total = engine.params.kv_pages,
+            .pages_free = @intCast(engine.cache.free_count),
+            .pages_reserved = @intCast(engine.pages_reserved),
+            .sequences_live = live,
+            .sequences_waiting = waiting,
+            .sequences_max = engine.params.sequences_max,
+            .context_tokens_max = engine.params.context_tokens_max,
+            .vocab_size = @intCast(engine.config().vocab_size),
+        };
+    }
+
+    /// Admits waiting sequences in id order while their page budgets fit.
+    fn admit(engine: *Engine) void {
+        while (true) {
+            var next: ?*Sequence = null;
+            for (engine.sequences) |*s| {
+                if (s.state == .waiting and (next == null or s.id < next.?.id)) next = s;
+            }
+            const sequence = next orelse return;
+            if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) return;
+            engine.pages_reserved += sequence.pages_reserved;
+            sequence.state = .active;
+        }
+    }
+
+    /// One forward over every active sequence: a prompt chunk or one decode row each, within
+    /// rows_max rows. Writes a record per sampled token into `records` and returns how many.
+    pub fn step(engine: *Engine, records: []Record) usize {
+        engine.admit();
+        var rows: usize = 0;
+        var logits_count: usize = 0;
+        const budget = engine.params.rows_max;
+        var order: [256]u32 = undefined;
+        const active = engine.activeInIdOrder(&order);
+        for (active) |slot| {
+            const sequence = &engine.sequences[slot];
+            if (rows == budget or logits_count == @min(engine.logits_rows_max, records.len)) break;
+            const pending = sequence.length - sequence.computed;
+            const count = @min(pending, budget - rows);
+            for (0..count) |i| {
+                const position = sequence.computed + i;
+                engine.ensurePage(sequence, position);
+                engine.batch_tokens[rows] = sequence.tokens[position];
+                engine.batch_positions[rows] = @intCast(position);
+                engine.batch_tables[rows] = sequence.pages[0..sequence.pages_used];
+                engine.batch_slots[rows] = slot;
+                rows += 1;
+            }
+            if (count == pending) {
+                engine.logits_rows[logits_count] = @intCast(rows - 1);
+                engine.logits_slots[logits_count] = slot;
+                logits_count += 1;
+            }
+        }
+        if (rows == 0) return 0;
+        // Page tables may have grown while planning: refresh every row's view.
+        for (engine.batch_tables[0..rows], engine.batch_slots[0..rows]) |*table, slot| {
+            const sequence = &engine.sequences[slot];
+            table.* = sequence.pages[0..sequence.pages_used];
+        }
+        const vocab = engine.config().vocab_size;
+        glm.forward_cpu.forward(&engine.weights, &engine.cache, .{
+            .tokens = engine.batch_tokens[0..rows],
+            .positions = engine.batch_positions[0..rows],
+            .page_tables = engine.batch_tables[0..rows],
+            .logits_rows = engine.logits_rows[0..logits_count],
+        }, &engine.scratch, engine.logits[0 .. logits_count * vocab]);
+        for (engine.batch_slots[0..rows]) |slot| engine.sequences[slot].computed += 1;
+
+        for (engine.logits_slots[0..logits_count], 0..) |slot, i| {
+            records[i] = engine.sampleInto(&engine.sequences[slot], engine.logits[i * vocab ..][0..vocab]);
+        }
+        return logits_count;
+    }
+
+    fn activeInIdOrder(engine: *const Engine, order: *[256]u32) []const u32 {
+        var count: usize = 0;
+        for (engine.sequences, 0..) |s, slot| {
+            if (s.state != .active) continue;
+            var at = count;
+            while (at > 0 and engine.sequences[order[at - 1]].id > s.id) : (at -= 1) order[at] = order[at - 1];
+            order[at] = @intCast(slot);
+            count += 1;
+        }
+        return order[0..count];
+    }
+
+    fn ensurePage(engine: *Engine, sequence: *Sequence, position: usize) void {
+        const page_index = position / engine.params.page_tokens;
+        assert(page_index <= sequence.pages_used);
+        if (page_index < sequence.pages_used) return;
+        assert(sequence.pages_used < sequence.pages_reserved); // the budget admitted covers it
+        sequence.pages[sequence.pages_used] = engine.cache.take(engine.slotOf(sequence));
+        sequence.pages_used += 1;
+    }
+
+    fn sampleInto(engine: *Engine, sequence: *Sequence, logits: []const f32) Record {
+        const history: sampler.History = .{
+            .prompt = sequence.tokens[0..sequence.prompt_len],
+            .output = sequence.tokens[sequence.prompt_len..sequence.length],
+        };
+        const choice = sampler.sample(&sequence.sampling, logits, history, sequence.prng.random(), &engine.workspace);
+        sequence.tokens[sequence.length] = choice.token;
+        sequence.length += 1;
+        const generated = sequence.length - sequence.prompt_len;
+        const stopped = for (sequence.stop_tokens[0..sequence.stop_count]) |t| {
+            if (t == choice.token) break true;
+        } else false;
+        const finish_reason: Finish = if (stopped)
+            .stop
+        else if (generated >= sequence.sampling.max_tokens or sequence.length >= engine.params.context_tokens_max)
+            .length
+        else
+            .none;
+        const record: Record = .{
+            .sequence_id = sequence.id,
+            .token = choice.token,
+            .finish = @intFromEnum(finish_reason),
+            .logprob = choice.logprob,
+            .top_count = choice.top_count,
+            .top_tokens = choice.top_tokens,
+            .top_logprobs = choice.top_logprobs,
+        };
+        if (finish_reason != .none) engine.finish(sequence);
+        return record;
+    }
+
+    /// Logits at every position of each prompt, as fresh sequences batched together: for
+    /// Engine.logits() and the batch-invariance checks. Needs the pages and slots to be free enough.
+    pub fn promptLogits(engine: *Engine, prompts: []const []const u32, out: []f32, diag: *Diagnostic) Error!void {
+        const vocab = engine.config().vocab_size;
+        var total: usize = 0;
+        for (prompts) |prompt| total += prompt.len;
+        if (out.len != total * vocab) {
+            diag.set("out holds {d} values; {d} positions x {d} vocab needs {d}", .{ out.len, total, vocab, total * vocab });
+            return error.InvalidArgument;
+        }
+        if (prompts.len > engine.sequences.len) {
+            diag.set("{d} prompts; the engine holds {d} sequences", .{ prompts.len, engine.sequences.len });
+            return error.InvalidArgument;
+        }
+        var ids: [256]u64 = undefined;
+        var added: usize = 0;
+        defer for (ids[0..added]) |id| engine.cancel(id, diag) catch {};
+        for (prompts) |prompt| {
+            const params: sampler.Params = .{ .max_tokens = 1 };
+            ids[added] = try engine.addSequence(prompt, params, &.{}, diag);
+            added += 1;
+        }
+        // Prompt logits bypass admission order: take the budgets now or refuse.
+        for (ids[0..added]) |id| {
+            const sequence = engine.find(id).?;
+            if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) {
+                diag.set("not enough free KV pages for these prompts now ({d} reserved of {d})", .{ engine.pages_reserved, engine.params.kv_pages });
+                return error.InvalidArgument;
+            }
+            engine.pages_reserved += sequence.pages_reserved;
+            sequence.state = .active;
+        }
+        var written: usize = 0;
+        var cursor: [256]usize = @splat(0);
+        while (written < total) {
+            var rows: usize = 0;
+            var logits_count: usize = 0;
+            for (prompts, ids[0..added], 0..) |prompt, id, p| {
+                const sequence = engine.find(id).?;
+                while (cursor[p] < prompt.len and rows < engine.params.rows_max and logits_count < engine.logits_rows_max) : (cursor[p] += 1) {
+                    const position = cursor[p];
+                    engine.ensurePage(sequence, position);
+                    engine.batch_tokens[rows] = prompt[position];
+                    engine.batch_positions[rows] = @intCast(position);
+                    engine.batch_slots[rows] = engine.slotOf(sequence);
+                    engine.logits_rows[logits_count] = @intCast(rows);
+                    engine.logits_slots[logits_count] = @intCast(p);
+                    rows += 1;
+                    logits_count += 1;
+                }
+            }
+            for (engine.batch_tables[0..rows], engine.batch_slots[0..rows]) |*table, slot| {
+                const sequence = &engine.sequences[slot];
+                table.* = sequence.pages[0..sequence.pages_used];
+            }
+            glm.forward_cpu.forward(&engine.weights, &engine.cache, .{
+                .tokens = engine.batch_tokens[0..rows],
+                .positions = engine.batch_positions[0..rows],
+                .page_tables = engine.batch_tables[0..rows],
+                .logits_rows = engine.logits_rows[0..logits_count],
+            }, &engine.scratch, engine.logits[0 .. logits_count * vocab]);
+            // Rows are laid out prompt by prompt, positions ascending: place each in `out`.
+            for (0..logits_count) |i| {
+                const p = engine.logits_slots[i];
+                const position = engine.batch_positions[i];
+                var base: usize = 0;
+                for (prompts[0..p]) |prompt| base += prompt.len;
+                @memcpy(out[(base + position) * vocab ..][0..vocab], engine.logits[i * vocab ..][0..vocab]);
+            }
+            written += rows;
+        }
+    }
+};
+
+fn resolveParams(requested: Params, c: glm.Config, diag: *Diagnostic) Error!Params {
+    var p = requested;
+    if (p.sequences_max == 0 or p.sequences_max > 256) return invalid(diag, "sequences_max must be 1..256", .{});
+    if (p.page_tokens == 0 or p.page_tokens > 1024) return invalid(diag, "page_tokens must be 1..1024", .{});
+    if (p.rows_max == 0 or p.rows_max > 65536) return invalid(diag, "rows_max must be 1..65536", .{});
+    if (p.context_tokens_max == 0) p.context_tokens_max = @intCast(@min(c.max_position_embeddings, 8192));
+    if (p.context_tokens_max < 2 or p.context_tokens_max > c.max_position_embeddings) {
+        return invalid(diag, "context_tokens_max {d} must be 2..{d} (max_position_embeddings)", .{ p.context_tokens_max, c.max_position_embeddings });
+    }
+    const pages_per_sequence = std.math.divCeil(u32, p.context_tokens_max, p.page_tokens) catch unreachable;
+    if (p.kv_pages == 0) p.kv_pages = pages_per_sequence * p.sequences_max;
+    return p;
+}
+
+fn invalid(diag: *Diagnostic, comptime fmt: []const u8, args: anytype) Error {
+    diag.set(fmt, args);
+    return error.InvalidArgument;
+}
+
+var seed_counter: std.atomic.Value(u64) = .init(0x9E3779B97F4A7C15);
+
+/// An unseeded sequence still gets its own stream: a process-wide counter mixed with the clock.
+fn randomSeed(id: u64) u64 {
+    var ts: std.c.timespec = undefined;
+    _ = std.c.clock_gettime(.MONOTONIC, &ts);
+    const clock: u64 = @bitCast(@as(i64, ts.sec) *% 1_000_000_000 +% ts.nsec);
+    return std.hash.Wyhash.hash(seed_counter.fetchAdd(1, .monotonic), std.mem.asBytes(&.{ id, clock }));
+}

@@ -1,0 +1,18 @@
+//! GLM class A (`Glm4MoeForCausalLM`): config, weights by role, routing, RoPE and the CPU forward.
+pub const config = @import("config.zig");
+pub const Config = config.Config;
+pub const linear = @import("linear.zig");
+pub const weights = @import("weights.zig");
+pub const Weights = weights.Weights;
+pub const router = @import("router.zig");
+pub const rope = @import("rope.zig");
+pub const forward_cpu = @import("forward_cpu.zig");
+
+test {
+    _ = config;
+    _ = linear;
+    _ = weights;
+    _ = router;
+    _ = rope;
+    _ = forward_cpu;
+}
