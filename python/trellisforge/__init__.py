@@ -7,5 +7,6 @@ mode. The library is found through `TRELLISFORGE_LIB`, beside this package, or i
 from ._ffi import TrellisError, cuda_available, library_path, version
 from .checkpoint import Checkpoint, Exl3Info
 from .engine import Engine, Sampling, TokenEvent
+from . import tokenizer
 
 __all__ = ["Checkpoint", "Engine", "Exl3Info", "Sampling", "TokenEvent", "TrellisError", "cuda_available", "library_path", "version"]

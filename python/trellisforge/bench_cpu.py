@@ -1,0 +1,50 @@
+"""CPU engine throughput on a model directory, as a table (a benchmark, not a test):
+
+    python -m trellisforge.bench_cpu MODEL_DIR [--prompt-tokens 256] [--decode-tokens 64]
+
+Prefill: one prompt's logits at every position. Decode: greedy tokens per second for 1 and for 4
+concurrent sequences (continuous batching)."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from . import Engine, Sampling, library_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    args = parser.parse_args()
+    engine = Engine(args.model_dir, max_seqs=8)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(10, engine.vocab_size, args.prompt_tokens)]
+    engine.logits(prompt[:8])  # warm up (thread start, page faults)
+    rows = []
+    start = time.perf_counter()
+    engine.logits(prompt)
+    elapsed = time.perf_counter() - start
+    rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed))
+    for streams in (1, 4):
+        for _ in range(streams):
+            engine.add(prompt[:16], Sampling(max_tokens=args.decode_tokens), stop_token_ids=[])
+        engine.step()  # the prompts' step
+        produced = 0
+        start = time.perf_counter()
+        while engine.stats()["sequences_live"]:
+            produced += len(engine.step())
+        elapsed = time.perf_counter() - start
+        rows.append(("decode", streams, produced, elapsed, produced / elapsed))
+    print(f"library {library_path()}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
+    print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
+    for phase, streams, tokens, seconds, rate in rows:
+        print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
