@@ -44,6 +44,8 @@ class Model:
                 codebook = "mul1" if f"{prefix}.mul1" in self.tensors else "mcg" if f"{prefix}.mcg" in self.tensors else "3inst"
                 inner = exl3.decode_trellis(self.tensors[f"{prefix}.trellis"], codebook)
                 w = exl3.weight(inner, self.tensors[f"{prefix}.suh"], self.tensors[f"{prefix}.svh"])
+            elif prefix == "lm_head" and "lm_head.weight" not in self.tensors:
+                w = self.vector("model.embed_tokens.weight").T  # tied embeddings
             else:
                 w = self.vector(f"{prefix}.weight").T
             self._cache[prefix] = w
