@@ -30,7 +30,12 @@ class Tokenizer:
             named = {t.get("name"): t.get("template") for t in self.chat_template}
             self.chat_template = named.get("default") or next(iter(named.values()), None)
         self._template = _environment().from_string(self.chat_template) if self.chat_template else None
-        self.special_ids = {i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special}
+        added = self._tokenizer.get_added_tokens_decoder()
+        self.special_ids = {i for i, t in added.items() if t.special}
+        self._added = set(added)
+        decoder = json.loads((model_dir / "tokenizer.json").read_text()).get("decoder") or {}
+        self._byte_level = decoder.get("type") == "ByteLevel" or any(
+            d.get("type") == "ByteLevel" for d in decoder.get("decoders", []) if isinstance(d, dict))
 
     @property
     def vocab_size(self) -> int:
@@ -70,8 +75,33 @@ class Tokenizer:
             out[key] = value.get("content") if isinstance(value, dict) else value
         return out
 
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes one token stands for (byte-level BPE maps bytes to printable characters)."""
+        piece = self._tokenizer.id_to_token(token)
+        if piece is None:
+            return b""
+        if token in self._added or not self._byte_level:
+            return self.decode([token]).encode("utf-8", "replace") if token not in self._added else piece.encode()
+        return bytes(_UNICODE_TO_BYTE.get(ch, ord("?")) for ch in piece)
+
     def detokenizer(self, skip_special_tokens: bool = False) -> "Detokenizer":
         return Detokenizer(self, skip_special_tokens)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters, used by byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, codes)))
+
+
+_UNICODE_TO_BYTE = {ch: byte for byte, ch in _bytes_to_unicode().items()}
 
 
 def _raise_exception(message: str):

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server over trellisforge.Engine: `python -m server`."""

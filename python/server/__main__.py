@@ -1,0 +1,48 @@
+"""`python -m server [--model DIR] [--host H] [--port P] [--api-key KEY] ...`
+
+With no --model it serves the built-in default model kept in the repository."""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+import uvicorn
+
+from .app import ServerConfig, create_app
+
+DEFAULT_MODEL = pathlib.Path(__file__).resolve().parents[2] / "models" / "default"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m server", description="TrellisForge OpenAI-compatible server")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="checkpoint directory (default: the built-in model)")
+    parser.add_argument("--model-name", help="name clients use in 'model' (default: the directory's name)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("TRELLISFORGE_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1 (or set TRELLISFORGE_API_KEY)")
+    parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--max-seqs", type=int, default=16, help="sequences generating at once")
+    parser.add_argument("--ctx", type=int, default=0, help="context tokens per sequence (0: the model's, capped at 8192)")
+    parser.add_argument("--rows-max", type=int, default=256, help="tokens per engine step")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    model_dir = pathlib.Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        print(f"error: {model_dir} is not a checkpoint directory (no config.json)", file=sys.stderr)
+        return 2
+    config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
+                          backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max)
+    print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
+          + (" (API key required)" if args.api_key else ""), flush=True)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The engine's one loop thread. Every call into the engine happens on this thread: requests hand it
+commands (add, cancel) and get their tokens back on their own asyncio queues, so a long CPU step
+never blocks the event loop and a cancel touches only its own sequence."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+from trellisforge import Engine, Sampling, TrellisError
+
+IDLE_WAIT_S = 0.5
+
+
+@dataclasses.dataclass
+class Ended:
+    """Put on a subscriber's queue when its sequence ends without a final token: an engine failure
+    or a shutdown."""
+    reason: str
+
+
+@dataclasses.dataclass
+class _Add:
+    tokens: list[int]
+    sampling: Sampling
+    stop_token_ids: list[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    events: asyncio.Queue
+
+
+class Runtime:
+    def __init__(self, engine: Engine, metrics=None):
+        self.engine = engine
+        self.metrics = metrics
+        self._commands: queue.Queue = queue.Queue()
+        self._subscribers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, float]] = {}
+        self._stopping = threading.Event()
+        self.failure: str | None = None
+        self.stats = engine.stats()
+        self._thread = threading.Thread(target=self._run, name="trellisforge-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ends every live sequence (their requests see Ended("shutdown")) and the loop thread."""
+        self._stopping.set()
+        self._commands.put(None)
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.failure is None
+
+    async def submit(self, tokens: Sequence[int], sampling: Sampling, stop_token_ids: Sequence[int]) -> tuple[int, asyncio.Queue]:
+        """Queues a sequence; returns its id and the queue its TokenEvents arrive on. Raises the
+        engine's TrellisError for a request it refuses."""
+        if not self.alive:
+            raise RuntimeError(self.failure or "the engine is not running")
+        loop = asyncio.get_running_loop()
+        command = _Add(list(tokens), sampling, list(stop_token_ids), loop, loop.create_future(), asyncio.Queue())
+        self._commands.put(command)
+        sequence_id = await command.future
+        return sequence_id, command.events
+
+    def cancel(self, sequence_id: int) -> None:
+        """Thread-safe and idempotent: cancelling a finished sequence does nothing."""
+        self._commands.put(("cancel", sequence_id))
+
+    # ---- the loop thread ----
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain_commands(block=not self._subscribers)
+                if self._stopping.is_set():
+                    break
+                if self._subscribers:
+                    self._dispatch(self.engine.step())
+                self.stats = self.engine.stats()
+                if self.metrics:
+                    self.metrics.update_engine(self.stats)
+        except Exception as error:  # an engine failure: every request gets a clear error
+            self.failure = f"engine failed: {error}"
+            self._end_all(self.failure)
+            return
+        for sequence_id in list(self._subscribers):
+            self._cancel_now(sequence_id)
+        self._end_all("shutdown")
+        self.stats = self.engine.stats()
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while command is not None:
+            self._execute(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _execute(self, command) -> None:
+        if isinstance(command, _Add):
+            try:
+                sequence_id = self.engine.add(command.tokens, command.sampling, command.stop_token_ids)
+            except TrellisError as error:
+                command.loop.call_soon_threadsafe(_settle, command.future, None, error)
+                return
+            self._subscribers[sequence_id] = (command.loop, command.events, time.monotonic())
+            command.loop.call_soon_threadsafe(self._settle_add, command.future, sequence_id)
+        elif command[0] == "cancel":
+            self._cancel_now(command[1])
+
+    def _cancel_now(self, sequence_id: int) -> None:
+        if self._subscribers.pop(sequence_id, None) is None:
+            return
+        try:
+            self.engine.cancel(sequence_id)
+        except TrellisError:
+            pass  # finished in the step that just ran
+
+    def _dispatch(self, events) -> None:
+        for event in events:
+            subscriber = self._subscribers.get(event.sequence_id)
+            if subscriber is None:
+                continue
+            loop, events_queue, _ = subscriber
+            loop.call_soon_threadsafe(events_queue.put_nowait, event)
+            if event.finish_reason is not None:
+                del self._subscribers[event.sequence_id]
+
+    def _end_all(self, reason: str) -> None:
+        for loop, events_queue, _ in self._subscribers.values():
+            loop.call_soon_threadsafe(events_queue.put_nowait, Ended(reason))
+        self._subscribers.clear()
+
+
+    def _settle_add(self, future: asyncio.Future, sequence_id: int) -> None:
+        """On the request's event loop: hand over the id, or cancel the sequence when the request
+        went away while it was being added."""
+        if future.cancelled():
+            self.cancel(sequence_id)
+        else:
+            future.set_result(sequence_id)
+
+
+def _settle(future: asyncio.Future, value, error) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)

@@ -1,0 +1,56 @@
+"""A bounded fuzz pass over the request schema: hypothesis builds request bodies from the fields the
+API knows, with values of every JSON type (and a few unknown fields); no request may get a 500, and
+every error must be an OpenAI error body."""
+from __future__ import annotations
+
+import httpx
+import pytest
+from glm_fixtures import checkpoint_dir
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_process import running_server
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10 ** 12, 10 ** 12) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=6,
+)
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool", "bogus"]) | JSON_VALUES,
+                                 "content": st.text(max_size=40) | JSON_VALUES})
+FIELDS = {
+    "model": st.just("glm-tiny") | JSON_VALUES,
+    "messages": st.lists(MESSAGE, max_size=3) | JSON_VALUES,
+    "prompt": st.text(max_size=40) | st.lists(st.integers(-5, 3000), max_size=5) | JSON_VALUES,
+    "max_tokens": st.integers(-3, 10 ** 10) | JSON_VALUES,
+    "temperature": st.floats(-1, 3, allow_nan=False) | JSON_VALUES,
+    "top_p": st.floats(-1, 2, allow_nan=False) | JSON_VALUES,
+    "top_k": st.integers(-5, 5000) | JSON_VALUES,
+    "n": st.integers(-1, 10) | JSON_VALUES,
+    "seed": st.integers(-(2 ** 70), 2 ** 70) | JSON_VALUES,
+    "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=20) | JSON_VALUES,
+    "stream": st.booleans() | JSON_VALUES,
+    "logprobs": st.booleans() | st.integers(-2, 30) | JSON_VALUES,
+    "top_logprobs": st.integers(-2, 30) | JSON_VALUES,
+    "tools": JSON_VALUES,
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | JSON_VALUES,
+    "presence_penalty": st.floats(-3, 3, allow_nan=False) | JSON_VALUES,
+    "unknown_field": JSON_VALUES,
+}
+
+
+@pytest.fixture(scope="module")
+def base():
+    with running_server("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", "--ctx", "48",
+                        "--max-seqs", "8") as (url, _):
+        yield url
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(endpoint=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+       body=st.fixed_dictionaries({}, optional=FIELDS) | JSON_VALUES)
+def test_no_request_gets_a_500(base, endpoint, body):
+    response = httpx.post(f"{base}{endpoint}", json=body, timeout=60)
+    assert response.status_code < 500 or response.status_code == 503, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert isinstance(error["message"], str) and error["message"] and "type" in error

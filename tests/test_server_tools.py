@@ -1,0 +1,71 @@
+"""Reasoning and tool calls end to end, on the scripted model (tests/scripted_model.py), whose
+greedy output is `<think>`-reasoning, then a GLM-4.7-style call of get_weather(city="Paris")."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import scripted_model
+from server_process import running_server
+
+from trellisforge.tokenizer import Tokenizer
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    model_dir = scripted_model.write(tmp_path_factory.mktemp("scripted") / "glm-scripted")
+    with running_server("--model", str(model_dir)) as (base, _):
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60), Tokenizer(model_dir)
+
+
+def test_tool_call_round_trip(scripted):
+    client, tokenizer = scripted
+    first = client.chat.completions.create(model="glm-scripted", messages=QUESTION, tools=TOOLS, temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.reasoning_content == scripted_model.REASONING
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    history = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees"},
+    ]
+    second = client.chat.completions.create(model="glm-scripted", messages=history, tools=TOOLS, temperature=0)
+    as_template_sees_it = [dict(m) for m in history]  # the server parses arguments into objects
+    as_template_sees_it[1] = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    rendered = tokenizer.render_chat(as_template_sees_it, tools=TOOLS)
+    assert "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>" in rendered
+    assert "<|observation|><tool_response>Sunny, 21 degrees</tool_response><|assistant|><think>" in rendered
+    assert second.usage.prompt_tokens == len(tokenizer.encode(rendered))
+    assert second.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_streamed_reasoning_and_tool_call(scripted):
+    client, _ = scripted
+    chunks = list(client.chat.completions.create(model="glm-scripted", messages=QUESTION, tools=TOOLS, temperature=0, stream=True))
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or [])]
+    assert reasoning == scripted_model.REASONING and content == ""
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_without_tools_the_call_stays_text(scripted):
+    client, _ = scripted
+    reply = client.chat.completions.create(model="glm-scripted", messages=QUESTION, temperature=0)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "stop" and not message.tool_calls
+    assert message.reasoning_content == scripted_model.REASONING
+    assert message.content.startswith("<tool_call>get_weather")
