@@ -24,6 +24,8 @@ def server():
     with running_server("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", "--max-seqs", "20") as (base, process):
         yield base, process
     assert process.returncode == 0, "Ctrl-C should shut the server down cleanly"
+    output = process.stdout.read()
+    assert "Traceback" not in output and "trellisforge: stopped" in output, output
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,7 @@ def test_chat_completion_and_usage(client, tokenizer):
     assert reply.usage.prompt_tokens == len(tokenizer.encode_chat(MESSAGES))
     assert reply.usage.completion_tokens == 12
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + 12
+    assert choice.logprobs is None  # not asked for
 
 
 def test_streaming_equals_non_streaming(client):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import signal
 import sys
 
 import uvicorn
@@ -40,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
                           backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
+    # uvicorn shuts down gracefully on Ctrl-C, then re-raises the signal to the handler it found:
+    # a quiet one makes that a clean exit instead of a KeyboardInterrupt traceback.
+    for caught in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(caught, lambda *_: None)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    print("trellisforge: stopped", flush=True)
     return 0
 
 

@@ -199,8 +199,9 @@ async def run(state: State, request: Request, body, prompt: list[int], max_token
         raise ApiError(400, f"max_tokens {max_tokens} plus the prompt's {len(prompt)} tokens exceed the context of {context}",
                        param="max_tokens", code="context_length_exceeded")
     max_tokens = max_tokens or limit
-    choices = [ChoiceState(index, state.tokenizer, body.stop, state.engine.eos_token_ids, kind, starts_in_reasoning, parse_tools)
-               for index in range(body.n)]
+    want_logprobs = bool(body.logprobs) if kind == "chat" else body.logprobs is not None
+    choices = [ChoiceState(index, state.tokenizer, body.stop, state.engine.eos_token_ids, kind, starts_in_reasoning, parse_tools,
+                           want_logprobs) for index in range(body.n)]
     started = time.monotonic()
     handles = []
     try:

@@ -24,7 +24,7 @@ def sampling_for(body, max_tokens: int, index: int) -> Sampling:
 
 class ChoiceState:
     def __init__(self, index: int, tokenizer, stops: list[str], eos_ids: list[int], kind: str,
-                 starts_in_reasoning: bool, parse_tools: bool):
+                 starts_in_reasoning: bool, parse_tools: bool, want_logprobs: bool):
         self.index = index
         self.kind = kind
         self.tokenizer = tokenizer
@@ -32,7 +32,7 @@ class ChoiceState:
         self.detokenizer = tokenizer.detokenizer()
         self.stops = StopMatcher(stops or [])
         self.parser = OutputParser(starts_in_reasoning, parse_tools) if kind == "chat" else None
-        self.want_logprobs = False
+        self.want_logprobs = want_logprobs
         self.tokens = 0
         self.text = ""
         self.reasoning = ""
@@ -70,7 +70,7 @@ class ChoiceState:
             metrics.inter_token_latency.observe(now - self._last_token_at)
         self._last_token_at = now
         self.tokens += 1
-        logprobs = [self._logprob_entry(event)] if event.top or event.logprob is not None else []
+        logprobs = [self._logprob_entry(event)] if self.want_logprobs else []
         ends_on_eos = event.finish_reason == "stop" and event.token in self.eos_ids
         raw = "" if ends_on_eos else self.detokenizer.add(event.token)
         if event.finish_reason is not None:
