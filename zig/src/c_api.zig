@@ -296,6 +296,38 @@ export fn tf_exl3_linear(pointer: ?*const Handle, prefix: ?[*:0]const u8, x: ?[*
     }.body);
 }
 
+// ---- Quantization ----
+
+/// values: (tiles, 256) float32 in trellis (PERM) order; states: (tiles, 256) out.
+export fn tf_exl3_encode_tiles(values: ?[*]const f32, tiles: usize, bits: u32, codebook: i32, states: ?[*]u16) Status {
+    const source = values orelse return fail(.invalid_argument, "values is null", .{});
+    const target = states orelse return fail(.invalid_argument, "states is null", .{});
+    if (bits < exl3.encode.bits_min or bits > exl3.encode.bits_max) return fail(.unsupported, "the encoder takes K = 1..8 bits, not {d}", .{bits});
+    if (codebook < 0 or codebook > 2) return fail(.invalid_argument, "codebook {d} is not 0 (3INST), 1 (MCG) or 2 (MUL1)", .{codebook});
+    if (tiles == 0 or tiles > (1 << 32)) return fail(.invalid_argument, "tiles {d} is outside 1..2^32", .{tiles});
+    for (source[0 .. tiles * 256]) |v| {
+        if (!std.math.isFinite(v)) return fail(.invalid_argument, "values must be finite", .{});
+    }
+    exl3.encode.encodeTiles(gpa, @intCast(bits), @enumFromInt(codebook), source[0 .. tiles * 256], target[0 .. tiles * 256]) catch
+        return fail(.out_of_memory, "out of memory for the encoder's workspaces", .{});
+    return ok();
+}
+
+/// states: (tiles, 256) in trellis order; words: (tiles, 16·bits) int16, the stored layout.
+export fn tf_exl3_pack_states(states: ?[*]const u16, tiles: usize, bits: u32, words: ?[*]u16) Status {
+    const source = states orelse return fail(.invalid_argument, "states is null", .{});
+    const target = words orelse return fail(.invalid_argument, "words is null", .{});
+    if (bits < 1 or bits > 8) return fail(.unsupported, "packing takes K = 1..8 bits, not {d}", .{bits});
+    const rate: exl3.trellis.Rate = .{ .bits2 = @intCast(2 * bits) };
+    const per_tile = rate.wordsPerTile();
+    var symbols: [256]u8 = undefined;
+    for (0..tiles) |tile| {
+        for (&symbols, source[tile * 256 ..][0..256]) |*symbol, state| symbol.* = @truncate(state & ((@as(u16, 1) << @intCast(bits)) - 1));
+        exl3.trellis.packSymbols(rate, &symbols, target[tile * per_tile ..][0..per_tile]);
+    }
+    return ok();
+}
+
 // ---- Engine ----
 
 const Engine = tf.engine.Engine;

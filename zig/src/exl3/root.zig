@@ -7,6 +7,7 @@ pub const hadamard = @import("hadamard.zig");
 pub const layer = @import("layer.zig");
 pub const Layer = layer.Layer;
 pub const linear_cpu = @import("linear_cpu.zig");
+pub const encode = @import("encode.zig");
 
 test {
     _ = codebook;
@@ -14,4 +15,5 @@ test {
     _ = hadamard;
     _ = @import("layer.zig");
     _ = linear_cpu;
+    _ = encode;
 }

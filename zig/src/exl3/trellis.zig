@@ -103,8 +103,9 @@ test "PERM starts as EXL3.md §4 lists" {
     for (seen) |s| try std.testing.expect(s);
 }
 
-/// Packs symbols MSB first into the stored element order: the inverse of `states` for tests.
-fn packSymbols(rate: Rate, symbols: []const u8, words: []u16) void {
+/// Packs symbols MSB first into the stored element order (EXL3.md §5, §11.6): the inverse of
+/// `states`. For integer K the symbol of a position is the low K bits of its state.
+pub fn packSymbols(rate: Rate, symbols: []const u8, words: []u16) void {
     var ring: [64]u32 = @splat(0);
     var bit: u32 = 0;
     for (symbols, 0..) |symbol, position| {
