@@ -1,0 +1,190 @@
+"""Full-size EXL3 checkpoints with random weights, for benchmarks and load tests:
+
+    python -m trellisforge.synthesize SHAPE OUT_DIR [--bits 3] [--head-bits 6] [--shard-gb 4]
+
+Trellis words are uniform random (they decode to the codebook's distribution), signs random, scales
+chosen so activations stay O(1); norms, router and embeddings are plausible bf16/fp16/fp32 values.
+Nothing is quantized. Tensors are generated and written one at a time into shards with an index, so
+memory stays bounded whatever the size. Shapes follow shared/GLM.md §2.1 and §6.3 (the `-tp2-rankR`
+shapes are one rank's slice at tensor parallelism 2, EXL3 channels split on 128 boundaries)."""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+from tqdm import tqdm
+
+from .quantize import MARKERS
+from .st_writer import OutputDirectory, ShardWriter
+
+BASE_SHAPES = {
+    "glm-4.5": dict(hidden_size=5120, num_hidden_layers=92, num_attention_heads=96, num_key_value_heads=8, head_dim=128,
+                    intermediate_size=12288, moe_intermediate_size=1536, n_routed_experts=160, num_experts_per_tok=8,
+                    first_k_dense_replace=3, routed_scaling_factor=2.5, use_qk_norm=True, vocab_size=151552,
+                    max_position_embeddings=131072),
+    "glm-4.5-air": dict(hidden_size=4096, num_hidden_layers=46, num_attention_heads=96, num_key_value_heads=8, head_dim=128,
+                        intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=128, num_experts_per_tok=8,
+                        first_k_dense_replace=1, routed_scaling_factor=1.0, use_qk_norm=False, vocab_size=151552,
+                        max_position_embeddings=131072),
+    # A small shape with the same structure, for tests on machines without much disk.
+    "tiny": dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 intermediate_size=512, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
+                 first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True, vocab_size=1024,
+                 max_position_embeddings=4096),
+}
+COMMON = dict(architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe", partial_rotary_factor=0.5, rope_theta=1e6,
+              rms_norm_eps=1e-5, attention_bias=True, n_shared_experts=1, n_group=1, topk_group=1, norm_topk_prob=True,
+              tie_word_embeddings=False, hidden_act="silu", eos_token_id=[151329, 151336, 151338])
+
+
+def split_units(size: int, world: int, rank: int) -> int:
+    """EXL3 splits on 128-channel units (EXL3.md §13): padded size in units, uneven ranks get one less."""
+    units = -(-size // 128)
+    per_rank = [units // world + (1 if r < units % world else 0) for r in range(world)]
+    return per_rank[rank] * 128
+
+
+def shape_config(name: str) -> dict:
+    base, _, tp = name.partition("-tp2-rank")
+    if base not in BASE_SHAPES or (tp and tp not in ("0", "1")):
+        raise ValueError(f"unknown shape '{name}'; known: {', '.join(shape_names())}")
+    config = {**COMMON, **BASE_SHAPES[base]}
+    if tp:
+        rank = int(tp)
+        config.update(num_attention_heads=config["num_attention_heads"] // 2, num_key_value_heads=config["num_key_value_heads"] // 2,
+                      intermediate_size=split_units(config["intermediate_size"], 2, rank),
+                      moe_intermediate_size=split_units(config["moe_intermediate_size"], 2, rank),
+                      trellisforge_tensor_parallel={"world": 2, "rank": rank, "source_shape": base})
+    return config
+
+
+def shape_names() -> list[str]:
+    return [n for b in BASE_SHAPES for n in (b, f"{b}-tp2-rank0", f"{b}-tp2-rank1")]
+
+
+def plan_tensors(config: dict, bits: int, head_bits: int, codebook: str):
+    """(name, dtype, shape, maker) for every tensor, in writing order."""
+    c = config
+    h, d = c["hidden_size"], c["head_dim"]
+    entries = [("model.embed_tokens.weight", "BF16", (c["vocab_size"], h), ("normal", 0.02))]
+
+    def linear(prefix, in_features, out_features, k, bias=False):
+        k_p, n_p = -(-in_features // 128) * 128, -(-out_features // 128) * 128
+        entries.extend([
+            (f"{prefix}.trellis", "I16", (k_p // 16, n_p // 16, 16 * k), ("words",)),
+            (f"{prefix}.suh", "F16", (k_p,), ("signs", 1.0)),
+            (f"{prefix}.svh", "F16", (n_p,), ("signs", 1.0 / np.sqrt(in_features))),
+        ])
+        if codebook in MARKERS:
+            entries.append((f"{prefix}.{codebook}", "I32", (), ("marker", MARKERS[codebook])))
+        if bias:
+            entries.append((f"{prefix}.bias", "F16", (n_p,), ("normal", 0.02)))
+
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        entries += [(f"{p}.input_layernorm.weight", "BF16", (h,), ("ones",)),
+                    (f"{p}.post_attention_layernorm.weight", "BF16", (h,), ("ones",))]
+        linear(f"{p}.self_attn.q_proj", h, c["num_attention_heads"] * d, bits, bias=True)
+        linear(f"{p}.self_attn.k_proj", h, c["num_key_value_heads"] * d, bits, bias=True)
+        linear(f"{p}.self_attn.v_proj", h, c["num_key_value_heads"] * d, bits, bias=True)
+        linear(f"{p}.self_attn.o_proj", c["num_attention_heads"] * d, h, bits)
+        if c["use_qk_norm"]:
+            entries += [(f"{p}.self_attn.q_norm.weight", "BF16", (d,), ("ones",)),
+                        (f"{p}.self_attn.k_norm.weight", "BF16", (d,), ("ones",))]
+        mlps = [(f"{p}.mlp", c["intermediate_size"])] if layer < c["first_k_dense_replace"] else \
+            [(f"{p}.mlp.experts.{e}", c["moe_intermediate_size"]) for e in range(c["n_routed_experts"])] + \
+            [(f"{p}.mlp.shared_experts", c["moe_intermediate_size"])]
+        if layer >= c["first_k_dense_replace"]:
+            entries += [(f"{p}.mlp.gate.weight", "F16", (c["n_routed_experts"], h), ("normal", 0.02)),
+                        (f"{p}.mlp.gate.e_score_correction_bias", "F32", (c["n_routed_experts"],), ("normal", 0.01))]
+        for prefix, intermediate in mlps:
+            linear(f"{prefix}.gate_proj", h, intermediate, bits)
+            linear(f"{prefix}.up_proj", h, intermediate, bits)
+            linear(f"{prefix}.down_proj", intermediate, h, bits)
+    entries.append(("model.norm.weight", "BF16", (h,), ("ones",)))
+    linear("lm_head", h, c["vocab_size"], head_bits)
+    return entries
+
+
+def make(kind, dtype: str, shape, rng: np.random.Generator) -> np.ndarray:
+    if kind[0] == "words":
+        return rng.integers(-32768, 32768, size=shape, dtype=np.int16)
+    if kind[0] == "marker":
+        return np.array(kind[1], dtype=np.int32)
+    if kind[0] == "ones":
+        values = np.ones(shape, dtype=np.float32) + rng.standard_normal(shape, dtype=np.float32) * 0.05
+    elif kind[0] == "signs":
+        values = np.where(rng.random(shape) < 0.5, -1.0, 1.0).astype(np.float32) * kind[1] * (0.75 + 0.5 * rng.random(shape, dtype=np.float32))
+    else:
+        values = rng.standard_normal(shape, dtype=np.float32) * kind[1]
+    if dtype == "BF16":
+        return (values.view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype({"F16": np.float16, "F32": np.float32}[dtype])
+
+
+def synthesize(shape: str, out_dir, bits: int = 3, head_bits: int = 6, codebook: str = "mul1", seed: int = 0,
+               shard_bytes: int = 4 << 30, overwrite: bool = False, progress: bool = True) -> pathlib.Path:
+    config = shape_config(shape)
+    config["quantization_config"] = {"quant_method": "exl3", "version": "trellisforge-synthetic", "bits": float(bits),
+                                     "head_bits": head_bits, "calibration": {"rows": 0, "cols": 0}, "codebook": codebook,
+                                     "out_scales": "never"}
+    entries = plan_tensors(config, bits, head_bits, codebook)
+    sizes = [np.dtype({"I16": np.int16, "F16": np.float16, "BF16": np.uint16, "F32": np.float32, "I32": np.int32}[dt]).itemsize
+             * int(np.prod(s, dtype=np.int64)) for _, dt, s, _ in entries]
+    shards, current, current_bytes = [], [], 0
+    for entry, size in zip(entries, sizes):
+        if current and current_bytes + size > shard_bytes:
+            shards.append(current)
+            current, current_bytes = [], 0
+        current.append(entry)
+        current_bytes += size
+    shards.append(current)
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    rng = np.random.default_rng(seed)
+    out = pathlib.Path(out_dir)
+    with OutputDirectory(out, overwrite=overwrite) as partial:
+        bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, disable=not progress, desc=shape)
+        for name, shard in zip(names, shards):
+            writer = ShardWriter(partial / name, [(n, dt, s) for n, dt, s, _ in shard], metadata={"format": "pt"})
+            try:
+                for n, dt, s, kind in shard:
+                    array = make(kind, dt, s, rng)
+                    writer.write(n, array)
+                    bar.update(array.nbytes)
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+        bar.close()
+        weight_map = {n: name for name, shard in zip(names, shards) for n, _, _, _ in shard}
+        (partial / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}, indent=1))
+        (partial / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trellisforge.synthesize", description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", choices=shape_names())
+    parser.add_argument("out_dir")
+    parser.add_argument("--bits", type=int, default=3, choices=range(1, 9))
+    parser.add_argument("--head-bits", type=int, default=6, choices=range(1, 9))
+    parser.add_argument("--codebook", default="mul1", choices=["mul1", "mcg", "3inst"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard-gb", type=float, default=4.0)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        synthesize(args.shape, args.out_dir, args.bits, args.head_bits, args.codebook, args.seed,
+                   int(args.shard_gb * (1 << 30)), args.overwrite)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
