@@ -208,6 +208,13 @@ def quantize(in_dir: str | os.PathLike, out_dir: str | os.PathLike, bits: int = 
     tensors, dtypes = load_checkpoint(in_dir)
     layout = plan(config, tensors, bits, head_bits)
 
+    with OutputDirectory(out_dir, overwrite=overwrite) as partial:  # fails now, not after the work
+        quantized = _quantize_linears(tensors, dtypes, layout, codebook, seed, progress)
+        _write(partial, in_dir, config, tensors, dtypes, layout, quantized, bits, head_bits, codebook)
+    return out_dir
+
+
+def _quantize_linears(tensors, dtypes, layout: Plan, codebook: str, seed: int, progress: bool) -> dict:
     quantized: dict[str, dict[str, np.ndarray]] = {}
     by_layer: dict[str, list[str]] = {}
     for prefix in layout.linears:
@@ -224,6 +231,10 @@ def quantize(in_dir: str | os.PathLike, out_dir: str | os.PathLike, bits: int = 
                 bias = safetensors_io.bf16_to_float32(bias)
             quantized[prefix] = quantize_linear(weight, bias, layout.linears[prefix], codebook, rng)
 
+    return quantized
+
+
+def _write(partial, in_dir, config, tensors, dtypes, layout: Plan, quantized, bits: int, head_bits: int, codebook: str) -> None:
     entries, arrays = [], {}
     for name in layout.copied:
         entries.append((name, dtypes[name], tuple(tensors[name].shape)))
@@ -239,24 +250,22 @@ def quantize(in_dir: str | os.PathLike, out_dir: str | os.PathLike, bits: int = 
     quantization_config = {"quant_method": "exl3", "version": f"trellisforge-{version()}", "bits": round(mean_bits, 2),
                            "head_bits": head_bits, "calibration": {"rows": 0, "cols": 0}, "out_scales": "never",
                            "codebook": codebook}
-    with OutputDirectory(out_dir, overwrite=overwrite) as partial:
-        writer = ShardWriter(partial / "model.safetensors", entries, metadata={"format": "pt"})
-        try:
-            for name, _, _ in entries:
-                writer.write(name, arrays[name])
-            writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        (partial / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}, indent=2))
-        storage = {p: {"quant_format": "exl3", "bits_per_weight": b,
-                       "stored_tensors": {f"{p}.{part}": {"shape": list(a.shape), "dtype": str(a.dtype)} for part, a in quantized[p].items()}}
-                   for p, b in layout.linears.items()}
-        (partial / "quantization_config.json").write_text(json.dumps({**quantization_config, "tensor_storage": storage}, indent=1))
-        for name in COPIED_FILES:
-            if (in_dir / name).is_file():
-                shutil.copyfile(in_dir / name, partial / name)
-    return out_dir
+    writer = ShardWriter(partial / "model.safetensors", entries, metadata={"format": "pt"})
+    try:
+        for name, _, _ in entries:
+            writer.write(name, arrays[name])
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    (partial / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}, indent=2))
+    storage = {p: {"quant_format": "exl3", "bits_per_weight": b,
+                   "stored_tensors": {f"{p}.{part}": {"shape": list(a.shape), "dtype": str(a.dtype)} for part, a in quantized[p].items()}}
+               for p, b in layout.linears.items()}
+    (partial / "quantization_config.json").write_text(json.dumps({**quantization_config, "tensor_storage": storage}, indent=1))
+    for name in COPIED_FILES:
+        if (in_dir / name).is_file():
+            shutil.copyfile(in_dir / name, partial / name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,10 @@ class OutputDirectory:
             raise FileExistsError(f"{self.target} exists and is not empty")
         self.partial = self.target.with_name(self.target.name + ".partial")
         shutil.rmtree(self.partial, ignore_errors=True)
-        self.partial.mkdir(parents=True)
+        try:
+            self.partial.mkdir(parents=True)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot write {self.target}: {error.strerror}") from None
 
     def __enter__(self) -> pathlib.Path:
         return self.partial
