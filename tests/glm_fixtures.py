@@ -19,22 +19,23 @@ def checkpoint_dir(variant: str) -> pathlib.Path:
     return shared / ("hf" if variant == "hf" else f"exl3_{variant}bpw")
 
 
-def reference_dir(variant: str) -> pathlib.Path:
-    """The exact answer for a checkpoint: transformers fp32 on its dequantized weights."""
+def reference_file(variant: str, name: str) -> pathlib.Path:
+    """The exact answer for a checkpoint (transformers fp32 on its dequantized weights): the copy in
+    tests/fixtures when there is one, else ../shared."""
     if variant == "hf":
-        return shared_or_skip() / "hf_ref"
-    local = FIXTURES / "dequant_ref" / f"{variant}bpw"
-    return local if local.is_dir() else shared_or_skip() / "dequant_ref" / f"{variant}bpw"
+        return shared_or_skip() / "hf_ref" / name
+    local = FIXTURES / "dequant_ref" / f"{variant}bpw" / name
+    return local if local.is_file() else shared_or_skip() / "dequant_ref" / f"{variant}bpw" / name
 
 
 def reference_logits(variant: str) -> dict:
     name = "hf_fp32_logits.safetensors" if variant == "hf" else "dequant_fp32_logits.safetensors"
-    return safetensors_io.load(reference_dir(variant) / name)
+    return safetensors_io.load(reference_file(variant, name))
 
 
 def reference_greedy(variant: str) -> dict:
     name = "hf_fp32_greedy.json" if variant == "hf" else "dequant_fp32_greedy.json"
-    return json.loads((reference_dir(variant) / name).read_text())
+    return json.loads(reference_file(variant, name).read_text())
 
 
 def prompts() -> dict[str, list[int]]:

@@ -195,8 +195,11 @@ def test_config_that_disagrees_with_the_weights(tmp_path, model_dir):
         trellisforge.Engine(target)
 
 
-def test_unknown_backend_and_unbuilt_cuda(model_dir):
+def test_unknown_backend_and_cuda_without_a_gpu(model_dir):
     with pytest.raises(ValueError):
         trellisforge.Engine(model_dir, backend="tpu")
-    with pytest.raises(TrellisError, match="backend"):
+    if trellisforge.cuda_available()[0]:
+        pytest.skip("a GPU is present: tests/test_cuda_engine.py covers the CUDA backend")
+    with pytest.raises(TrellisError, match="CUDA unavailable") as caught:
         trellisforge.Engine(model_dir, backend="cuda")
+    assert caught.value.status_name == "cuda"

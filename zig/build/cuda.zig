@@ -15,6 +15,7 @@ pub const kernels = [_]Kernel{
     // --fmad=false: the decode must equal the CPU decoder bit for bit; only the explicit
     // __hfma of the MUL1 codebook may fuse (EXL3.md §6.2).
     .{ .name = "exl3_decode", .flags = &.{"--fmad=false"} },
+    .{ .name = "glm_forward" },
 };
 
 pub const Options = struct {

@@ -407,7 +407,8 @@ export fn tf_engine_step(pointer: ?*EngineHandle, records: ?[*]engine_mod.Record
     const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
     const target = count_out orelse return fail(.invalid_argument, "count_out is null", .{});
     if (capacity > 0 and records == null) return fail(.invalid_argument, "records is null", .{});
-    target.* = engine.step(if (records) |r| r[0..capacity] else &.{});
+    var diag: core.Diagnostic = .{};
+    target.* = engine.step(if (records) |r| r[0..capacity] else &.{}, &diag) catch |err| return failWith(err, &diag);
     return ok();
 }
 

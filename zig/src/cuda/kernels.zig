@@ -4,6 +4,7 @@ const kernel_images = @import("kernel_images");
 pub const built_with_nvcc = kernel_images.built_with_nvcc;
 pub const sm_list = kernel_images.sm_list;
 pub const exl3_decode: []const u8 = &kernel_images.exl3_decode;
+pub const glm_forward: []const u8 = &kernel_images.glm_forward;
 
 test "images are embedded exactly when nvcc built them" {
     const std = @import("std");

@@ -5,6 +5,7 @@ pub const kernels = @import("kernels.zig");
 pub const gpu = @import("gpu.zig");
 pub const Gpu = gpu.Gpu;
 pub const exl3_decode = @import("exl3_decode.zig");
+pub const glm_kernels = @import("glm_kernels.zig");
 
 test {
     _ = driver;

@@ -12,7 +12,7 @@ const sampler = @import("sampler.zig");
 const Diagnostic = core.Diagnostic;
 
 pub const Error = error{ InvalidArgument, NotFound, OutOfMemory, UnsupportedModel, InvalidConfig, NoConfig } ||
-    core.checkpoint.Error || glm.weights.Error;
+    core.checkpoint.Error || glm.weights.Error || glm.cuda_exl3.Error;
 
 pub const Backend = enum(i32) { cpu = 0, cuda = 1 };
 
@@ -90,10 +90,11 @@ pub const Engine = struct {
     logits: []f32, // (logits_rows_max, vocab)
     logits_rows_max: usize,
     plan_arena: std.heap.ArenaAllocator,
+    gpu_model: ?*glm.cuda_exl3.GpuModel,
 
     pub fn init(gpa: std.mem.Allocator, model_dir: []const u8, requested: Params, diag: *Diagnostic) Error!*Engine {
-        if (requested.backend != @intFromEnum(Backend.cpu)) {
-            diag.set("backend {d} is not available in this build (the CUDA forward is not implemented yet; use cpu)", .{requested.backend});
+        if (requested.backend != @intFromEnum(Backend.cpu) and requested.backend != @intFromEnum(Backend.cuda)) {
+            diag.set("backend {d} is neither 0 (cpu) nor 1 (cuda)", .{requested.backend});
             return error.InvalidArgument;
         }
         const engine = try gpa.create(Engine);
@@ -118,13 +119,25 @@ pub const Engine = struct {
             .head_dim = model.head_dim,
             .page_tokens = p.page_tokens,
             .pages = p.kv_pages,
-        });
+        }, p.backend == @intFromEnum(Backend.cpu));
         errdefer engine.cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
         errdefer engine.scratch.deinit();
         engine.workspace = try sampler.Workspace.init(gpa, model.vocab_size);
         errdefer engine.workspace.deinit(gpa);
         try engine.allocPlan();
+        errdefer engine.plan_arena.deinit();
+        engine.gpu_model = null;
+        if (p.backend == @intFromEnum(Backend.cuda)) {
+            engine.gpu_model = try glm.cuda_exl3.GpuModel.init(gpa, &engine.weights, .{
+                .rows_max = p.rows_max,
+                .logits_rows_max = engine.logits_rows_max,
+                .context_max = p.context_tokens_max,
+                .pages = p.kv_pages,
+                .page_tokens = p.page_tokens,
+                .pages_per_sequence = engine.sequences[0].pages.len,
+            }, diag);
+        }
         engine.pages_reserved = 0;
         engine.next_id = 1;
         return engine;
@@ -155,6 +168,7 @@ pub const Engine = struct {
 
     pub fn deinit(engine: *Engine) void {
         const gpa = engine.gpa;
+        if (engine.gpu_model) |model| model.deinit();
         engine.plan_arena.deinit();
         engine.workspace.deinit(gpa);
         engine.scratch.deinit();
@@ -288,7 +302,7 @@ pub const Engine = struct {
 
     /// One forward over every active sequence: a prompt chunk or one decode row each, within
     /// rows_max rows. Writes a record per sampled token into `records` and returns how many.
-    pub fn step(engine: *Engine, records: []Record) usize {
+    pub fn step(engine: *Engine, records: []Record, diag: *Diagnostic) Error!usize {
         engine.admit();
         var rows: usize = 0;
         var logits_count: usize = 0;
@@ -322,18 +336,29 @@ pub const Engine = struct {
             table.* = sequence.pages[0..sequence.pages_used];
         }
         const vocab = engine.config().vocab_size;
-        glm.forward_cpu.forward(&engine.weights, &engine.cache, .{
-            .tokens = engine.batch_tokens[0..rows],
-            .positions = engine.batch_positions[0..rows],
-            .page_tables = engine.batch_tables[0..rows],
-            .logits_rows = engine.logits_rows[0..logits_count],
-        }, &engine.scratch, engine.logits[0 .. logits_count * vocab]);
+        try engine.runForward(rows, logits_count, diag);
         for (engine.batch_slots[0..rows]) |slot| engine.sequences[slot].computed += 1;
 
         for (engine.logits_slots[0..logits_count], 0..) |slot, i| {
             records[i] = engine.sampleInto(&engine.sequences[slot], engine.logits[i * vocab ..][0..vocab]);
         }
         return logits_count;
+    }
+
+    /// The planned batch through the model, on the engine's backend.
+    fn runForward(engine: *Engine, rows: usize, logits_count: usize, diag: *Diagnostic) Error!void {
+        const batch: glm.forward_cpu.Batch = .{
+            .tokens = engine.batch_tokens[0..rows],
+            .positions = engine.batch_positions[0..rows],
+            .page_tables = engine.batch_tables[0..rows],
+            .logits_rows = engine.logits_rows[0..logits_count],
+        };
+        const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
+        if (engine.gpu_model) |model| {
+            try model.forward(batch, logits, diag);
+        } else {
+            glm.forward_cpu.forward(&engine.weights, &engine.cache, batch, &engine.scratch, logits);
+        }
     }
 
     fn activeInIdOrder(engine: *const Engine, order: *[256]u32) []const u32 {
@@ -443,12 +468,7 @@ pub const Engine = struct {
                 const sequence = &engine.sequences[slot];
                 table.* = sequence.pages[0..sequence.pages_used];
             }
-            glm.forward_cpu.forward(&engine.weights, &engine.cache, .{
-                .tokens = engine.batch_tokens[0..rows],
-                .positions = engine.batch_positions[0..rows],
-                .page_tables = engine.batch_tables[0..rows],
-                .logits_rows = engine.logits_rows[0..logits_count],
-            }, &engine.scratch, engine.logits[0 .. logits_count * vocab]);
+            try engine.runForward(rows, logits_count, diag);
             // Rows are laid out prompt by prompt, positions ascending: place each in `out`.
             for (0..logits_count) |i| {
                 const p = engine.logits_slots[i];

@@ -23,9 +23,10 @@ pub const KvCache = struct {
     /// The sequence slot holding each page, for the paired asserts in take and release.
     owner: []?u32,
 
-    pub fn init(gpa: std.mem.Allocator, shape: Shape) error{OutOfMemory}!KvCache {
+    /// `host_data`: false when the keys and values live on a GPU and this is only the page allocator.
+    pub fn init(gpa: std.mem.Allocator, shape: Shape, host_data: bool) error{OutOfMemory}!KvCache {
         assert(shape.pages > 0 and shape.page_tokens > 0);
-        const per_page = shape.layers * shape.kv_heads * shape.page_tokens * shape.head_dim;
+        const per_page = if (host_data) shape.layers * shape.kv_heads * shape.page_tokens * shape.head_dim else 0;
         const keys = try gpa.alloc(f32, shape.pages * per_page);
         errdefer gpa.free(keys);
         const values = try gpa.alloc(f32, shape.pages * per_page);
@@ -71,7 +72,7 @@ pub const KvCache = struct {
 };
 
 test "pages are taken and returned once each" {
-    var cache = try KvCache.init(std.testing.allocator, .{ .layers = 2, .kv_heads = 1, .head_dim = 4, .page_tokens = 8, .pages = 3 });
+    var cache = try KvCache.init(std.testing.allocator, .{ .layers = 2, .kv_heads = 1, .head_dim = 4, .page_tokens = 8, .pages = 3 }, true);
     defer cache.deinit(std.testing.allocator);
     const a = cache.take(0);
     const b = cache.take(1);

@@ -7,6 +7,7 @@ pub const Weights = weights.Weights;
 pub const router = @import("router.zig");
 pub const rope = @import("rope.zig");
 pub const forward_cpu = @import("forward_cpu.zig");
+pub const cuda_exl3 = @import("cuda_exl3.zig");
 
 test {
     _ = config;
@@ -15,4 +16,5 @@ test {
     _ = router;
     _ = rope;
     _ = forward_cpu;
+    _ = cuda_exl3;
 }

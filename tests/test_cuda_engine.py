@@ -1,0 +1,68 @@
+"""The CUDA forward against the CPU forward (the reference) through the same engine: logits at
+every position, greedy continuations, batch invariance bit for bit on the GPU, and KV pages.
+Skips, with the library's reason, where no GPU is usable."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2, within
+from glm_fixtures import checkpoint_dir, prompts, reference_greedy, reference_logits
+
+import trellisforge
+
+AVAILABLE, REASON = trellisforge.cuda_available()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
+# Both are f32; they differ in summation order (warp trees, fused multiply-adds), ~1e-6.
+TOL_GPU_VS_CPU = 1e-4
+
+
+@pytest.fixture(scope="module", params=["3.0", "4.0"])
+def engines(request):
+    directory = checkpoint_dir(request.param)
+    gpu = trellisforge.Engine(directory, backend="cuda", max_seqs=8)
+    cpu = trellisforge.Engine(directory, backend="cpu", max_seqs=8)
+    yield request.param, gpu, cpu
+    stats = gpu.stats()
+    assert stats["pages_free"] == stats["pages_total"]
+
+
+def test_gpu_logits_match_cpu_and_the_exact_reference(engines):
+    variant, gpu, cpu = engines
+    reference = reference_logits(variant)
+    for name, tokens in prompts().items():
+        on_gpu = gpu.logits(tokens)
+        on_cpu = cpu.logits(tokens)
+        within(max(relative_l2(on_gpu[t], on_cpu[t]) for t in range(len(tokens))), TOL_GPU_VS_CPU, f"{variant} {name}: GPU vs CPU")
+        within(max(relative_l2(on_gpu[t], reference[name][t]) for t in range(len(tokens))), TOL_GPU_VS_CPU, f"{variant} {name}: GPU vs exact")
+
+
+def test_gpu_greedy_equals_the_exact_reference(engines):
+    variant, gpu, _ = engines
+    expected = reference_greedy(variant)
+    for name, tokens in prompts().items():
+        assert gpu.generate(tokens, 32, stop_token_ids=[]) == expected[name], name
+
+
+def test_gpu_batch_invariance_bit_for_bit(engines):
+    _, gpu, _ = engines
+    p = prompts()
+    alone = gpu.logits(p["short"])
+    batched = gpu.logits_batch([p["long"], p["short"], p["chat"]])[1]
+    assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
+    small_steps = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=7, page_tokens=5)
+    big = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=512)
+    assert np.array_equal(small_steps.logits(p["long"]).view(np.uint32), big.logits(p["long"]).view(np.uint32))
+
+
+def test_gpu_decode_with_continuous_batching(engines):
+    _, gpu, cpu = engines
+    p = prompts()
+    sampling = trellisforge.Sampling(max_tokens=10, temperature=0.9, seed=11)
+    ids = [gpu.add(p[name], sampling, stop_token_ids=[]) for name in ("chat", "short", "random")]
+    tokens = {i: [] for i in ids}
+    while gpu.stats()["sequences_live"] or gpu.stats()["sequences_waiting"]:
+        for event in gpu.step():
+            tokens[event.sequence_id].append(event.token)
+    alone = gpu.generate(p["short"], 10, temperature=0.9, seed=11, stop_token_ids=[])
+    assert tokens[ids[1]] == alone
+    assert all(len(t) == 10 for t in tokens.values())

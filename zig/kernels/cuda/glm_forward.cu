@@ -1,0 +1,389 @@
+// The GLM class-A forward on the GPU, f32 throughout like the CPU reference
+// (zig/src/families/glm/forward_cpu.zig). The host half is zig/src/cuda/glm_kernels.zig.
+//
+// Every output element is computed by one thread (or one warp with a fixed reduction tree) from its
+// own row's inputs, summing in a fixed order: a row's bits do not depend on the other rows of its
+// batch, and the tile and block sizes depend on the shape only, never on the number of rows.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "exl3_codebook.cuh"
+#include "exl3_trellis.cuh"
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kHadamard = 128;
+
+__device__ __forceinline__ float warp_sum(float v) {
+    // A fixed butterfly: the same order every call.
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+    return v;
+}
+
+__device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+
+// 128-point Hadamard of one 128-chunk held as 4 values per lane (lane t holds 4t..4t+3), scaled by
+// 1/sqrt(128): a 4-point butterfly in registers, then 5 shuffle stages (EXL3.md §8.1).
+__device__ __forceinline__ void hadamard128(float (&v)[4]) {
+    float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+    v[0] = a + c; v[1] = b + d; v[2] = a - c; v[3] = b - d;
+    const int lane = threadIdx.x % kWarp;
+    for (int stride = 1; stride < kWarp; stride *= 2) {
+        for (int i = 0; i < 4; ++i) {
+            const float other = __shfl_xor_sync(0xFFFFFFFFu, v[i], stride);
+            v[i] = (lane & stride) ? other - v[i] : v[i] + other;
+        }
+    }
+    for (int i = 0; i < 4; ++i) v[i] *= 0.08838834764831845f;
+}
+
+}  // namespace
+
+// ---- element-wise and row-wise ----
+
+extern "C" __global__ void tf_embed(const uint32_t* __restrict__ tokens, const float* __restrict__ table,
+                                    float* __restrict__ out, int rows, int hidden) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* source = table + static_cast<size_t>(tokens[row]) * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[static_cast<size_t>(row) * hidden + i] = source[i];
+}
+
+// w ⊙ x / sqrt(mean(x²) + eps), one block of 256 threads per row; out may alias x.
+extern "C" __global__ void __launch_bounds__(256) tf_rmsnorm(const float* x, const float* __restrict__ weight, float* out,
+                                                             int rows, int width, float eps) {
+    __shared__ float partial[8];
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* in = x + static_cast<size_t>(row) * width;
+    float sum = 0.f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) sum += in[i] * in[i];
+    sum = warp_sum(sum);
+    if (threadIdx.x % kWarp == 0) partial[threadIdx.x / kWarp] = sum;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < 8; ++w) total += partial[w];
+    const float inverse = 1.0f / sqrtf(total / width + eps);
+    __syncthreads();
+    for (int i = threadIdx.x; i < width; i += blockDim.x) out[static_cast<size_t>(row) * width + i] = weight[i] * (in[i] * inverse);
+}
+
+// out[i] = x[rows[i]]: the rows whose logits are wanted, before a dense lm_head.
+extern "C" __global__ void tf_gather_rows(const float* __restrict__ x, const uint32_t* __restrict__ rows_wanted,
+                                          float* __restrict__ out, int count, int width) {
+    const int i = blockIdx.x;
+    if (i >= count) return;
+    for (int d = threadIdx.x; d < width; d += blockDim.x)
+        out[static_cast<size_t>(i) * width + d] = x[static_cast<size_t>(rows_wanted[i]) * width + d];
+}
+
+extern "C" __global__ void tf_add(float* __restrict__ target, const float* __restrict__ source, int count) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) target[i] += source[i];
+}
+
+extern "C" __global__ void tf_swiglu(float* __restrict__ gate, const float* __restrict__ up, int count) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// ---- EXL3 linear: rotate in, trellis matmul, rotate out (EXL3.md §8.2) ----
+// Items are independent 1-row problems with their own layer (pointer tables), so one set of kernels
+// serves plain layers (every item the same layer) and grouped experts (each (row, expert) an item).
+
+struct Exl3Layer {
+    const uint16_t* words;  // (k_p/16, n_p/16, 8·bits2)
+    const uint16_t* suh;    // (k_p) fp16
+    const uint16_t* svh;    // (n_p) fp16
+    const float* bias;      // (n) or null
+};
+
+// xr[item] = H128(x[source_row[item]] ⊙ suh), zero beyond in_features. One warp per 128-chunk.
+extern "C" __global__ void tf_exl3_rotate_in(const float* __restrict__ x, const int* __restrict__ source_rows,
+                                             const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers,
+                                             float* __restrict__ xr, int items, int in_features, int k_p) {
+    const int item = blockIdx.y;
+    const int chunk = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    if (item >= items || chunk * kHadamard >= k_p) return;
+    const int lane = threadIdx.x % kWarp;
+    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
+    const float* row = x + static_cast<size_t>(source_rows ? source_rows[item] : item) * in_features;
+    float v[4];
+    for (int i = 0; i < 4; ++i) {
+        const int k = chunk * kHadamard + 4 * lane + i;
+        v[i] = k < in_features ? row[k] * half_to_float(layer.suh[k]) : 0.f;
+    }
+    hadamard128(v);
+    for (int i = 0; i < 4; ++i) xr[static_cast<size_t>(item) * k_p + chunk * kHadamard + 4 * lane + i] = v[i];
+}
+
+// acc[item, :] = xr[item, :] · Wq. One 256-thread block per (tile column, item): each thread decodes
+// one weight of each 16x16 tile into shared memory, then 16 threads (one per column) sum down the
+// tile rows in k order.
+extern "C" __global__ void __launch_bounds__(256) tf_exl3_matmul(const float* __restrict__ xr, const int* __restrict__ layer_of_item,
+                                                                 const Exl3Layer* __restrict__ layers, float* __restrict__ acc,
+                                                                 int items, int k_p, int n_p, int bits2, int codebook) {
+    __shared__ uint32_t ring_sh[64];
+    __shared__ float tile_sh[256];
+    const int tile_column = blockIdx.x;
+    const int item = blockIdx.y;
+    if (item >= items) return;
+    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
+    const int tile_columns = n_p / 16;
+    const int words_per_tile = 8 * bits2;
+    const float* x = xr + static_cast<size_t>(item) * k_p;
+    float sum = 0.f;
+    const int column = threadIdx.x;  // threads 0..15 own a column
+    for (int tile_row = 0; tile_row < k_p / 16; ++tile_row) {
+        const uint16_t* tile_gl = layer.words + (static_cast<size_t>(tile_row) * tile_columns + tile_column) * words_per_tile;
+        if (threadIdx.x < 4 * bits2) {
+            ring_sh[threadIdx.x] = static_cast<uint32_t>(tile_gl[2 * threadIdx.x]) | (static_cast<uint32_t>(tile_gl[2 * threadIdx.x + 1]) << 16);
+        }
+        __syncthreads();
+        const uint32_t state = tf::state_at(ring_sh, bits2, threadIdx.x);
+        tile_sh[tf::tile_element(threadIdx.x)] = __half2float(tf::decode_state(state, codebook));
+        __syncthreads();
+        if (column < 16) {
+            for (int r = 0; r < 16; ++r) sum = fmaf(x[tile_row * 16 + r], tile_sh[r * 16 + column], sum);
+        }
+        __syncthreads();
+    }
+    if (column < 16) acc[static_cast<size_t>(item) * n_p + tile_column * 16 + column] = sum;
+}
+
+// y[item] = H128(acc[item]) ⊙ svh + bias, trimmed to out_features. One warp per 128-chunk.
+extern "C" __global__ void tf_exl3_rotate_out(const float* __restrict__ acc, const int* __restrict__ layer_of_item,
+                                              const Exl3Layer* __restrict__ layers, float* __restrict__ y,
+                                              int items, int n_p, int out_features) {
+    const int item = blockIdx.y;
+    const int chunk = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    if (item >= items || chunk * kHadamard >= n_p) return;
+    const int lane = threadIdx.x % kWarp;
+    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
+    float v[4];
+    for (int i = 0; i < 4; ++i) v[i] = acc[static_cast<size_t>(item) * n_p + chunk * kHadamard + 4 * lane + i];
+    hadamard128(v);
+    for (int i = 0; i < 4; ++i) {
+        const int n = chunk * kHadamard + 4 * lane + i;
+        if (n >= out_features) continue;
+        float value = v[i] * half_to_float(layer.svh[n]);
+        if (layer.bias) value += layer.bias[n];
+        y[static_cast<size_t>(item) * out_features + n] = value;
+    }
+}
+
+// y = x · Wᵀ + b for an unquantized (out, in) f32 weight: one warp per (row, output), lanes stride
+// the input and reduce with the fixed butterfly.
+extern "C" __global__ void tf_dense_matmul(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias,
+                                           float* __restrict__ y, int rows, int in_features, int out_features) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    const int row = warp / out_features;
+    const int out = warp % out_features;
+    if (row >= rows) return;
+    const float* a = x + static_cast<size_t>(row) * in_features;
+    const float* w = weight + static_cast<size_t>(out) * in_features;
+    float sum = 0.f;
+    for (int i = lane; i < in_features; i += kWarp) sum = fmaf(a[i], w[i], sum);
+    sum = warp_sum(sum);
+    if (lane == 0) y[static_cast<size_t>(row) * out_features + out] = sum + (bias ? bias[out] : 0.f);
+}
+
+// ---- attention ----
+
+// Per-head RMSNorm (optional), partial rotate-half RoPE on the first rotary_dim dims (GLM.md §3.4),
+// then keys and values into the paged cache. One block per row; a warp per head.
+extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                            const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                            const float* __restrict__ cos_sin, const uint32_t* __restrict__ positions,
+                                            const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
+                                            float* __restrict__ cache_k, float* __restrict__ cache_v,
+                                            int rows, int heads, int kv_heads, int head_dim, int rotary_dim, float eps,
+                                            int layers, int layer, int page_tokens) {
+    const int row = blockIdx.x;
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    if (row >= rows) return;
+    const float* cs = cos_sin + static_cast<size_t>(row) * rotary_dim;
+    const int half = rotary_dim / 2;
+    for (int h = warp; h < heads + kv_heads; h += blockDim.x / kWarp) {
+        const bool is_q = h < heads;
+        float* head = is_q ? q + (static_cast<size_t>(row) * heads + h) * head_dim
+                           : k + (static_cast<size_t>(row) * kv_heads + (h - heads)) * head_dim;
+        const float* norm = is_q ? q_norm : k_norm;
+        if (norm) {
+            float sum = 0.f;
+            for (int i = lane; i < head_dim; i += kWarp) sum += head[i] * head[i];
+            const float inverse = 1.0f / sqrtf(warp_sum(sum) / head_dim + eps);
+            for (int i = lane; i < head_dim; i += kWarp) head[i] = norm[i] * (head[i] * inverse);
+            __syncwarp();
+        }
+        for (int j = lane; j < half; j += kWarp) {
+            const float a = head[j], b = head[j + half], c = cs[j], s = cs[half + j];
+            head[j] = a * c - b * s;
+            head[j + half] = b * c + a * s;
+        }
+        __syncwarp();
+        if (!is_q) {
+            const int kv = h - heads;
+            const uint32_t position = positions[row];
+            const uint32_t page = tables[table_offsets[row] + position / page_tokens];
+            const size_t at = (((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + position % page_tokens) * head_dim;
+            const float* value = v + (static_cast<size_t>(row) * kv_heads + kv) * head_dim;
+            for (int i = lane; i < head_dim; i += kWarp) {
+                cache_k[at + i] = head[i];
+                cache_v[at + i] = value[i];
+            }
+        }
+    }
+}
+
+// softmax(q·kᵀ/sqrt(d))·v over positions 0..pos of the row's own sequence. One 128-thread block per
+// (row, head): warps take positions round-robin for the scores (kept in `scores`), then threads
+// take dims for the weighted sum, in position order.
+extern "C" __global__ void __launch_bounds__(128) tf_attention(const float* __restrict__ q, const float* __restrict__ cache_k,
+                                                               const float* __restrict__ cache_v, const uint32_t* __restrict__ positions,
+                                                               const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
+                                                               float* __restrict__ scores, float* __restrict__ out,
+                                                               int rows, int heads, int kv_heads, int head_dim,
+                                                               int layers, int layer, int page_tokens, int context_max) {
+    __shared__ float reduce_sh[4];
+    const int row = blockIdx.x / heads;
+    const int h = blockIdx.x % heads;
+    if (row >= rows) return;
+    const int kv = h / (heads / kv_heads);
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    const int length = positions[row] + 1;
+    const float scale = rsqrtf(static_cast<float>(head_dim));
+    const float* query = q + (static_cast<size_t>(row) * heads + h) * head_dim;
+    float* s = scores + static_cast<size_t>(blockIdx.x) * context_max;
+    const uint32_t* table = tables + table_offsets[row];
+    float local_max = -INFINITY;
+    for (int t = warp; t < length; t += 4) {
+        const size_t at = (((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + t % page_tokens) * head_dim;
+        float dot = 0.f;
+        for (int i = lane; i < head_dim; i += kWarp) dot = fmaf(query[i], cache_k[at + i], dot);
+        dot = warp_sum(dot) * scale;
+        if (lane == 0) s[t] = dot;
+        local_max = fmaxf(local_max, dot);
+    }
+    local_max = warp_max(local_max);
+    if (lane == 0) reduce_sh[warp] = local_max;
+    __syncthreads();
+    const float max_score = fmaxf(fmaxf(reduce_sh[0], reduce_sh[1]), fmaxf(reduce_sh[2], reduce_sh[3]));
+    __syncthreads();
+    // The normaliser: one thread, positions in order, as the CPU does.
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int t = 0; t < length; ++t) {
+            s[t] = expf(s[t] - max_score);
+            total += s[t];
+        }
+        reduce_sh[0] = total;
+    }
+    __syncthreads();
+    const float total = reduce_sh[0];
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float sum = 0.f;
+        for (int t = 0; t < length; ++t) {
+            const size_t at = (((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + t % page_tokens) * head_dim;
+            sum += (s[t] / total) * cache_v[at + i];
+        }
+        out[(static_cast<size_t>(row) * heads + h) * head_dim + i] = sum;
+    }
+}
+
+// ---- MoE ----
+
+// Router of one row (GLM.md §3.8), f32: sigmoid of the logits, selection on sigmoid + correction
+// bias (group-limited when groups > 1), weights from the unbiased sigmoid, normalised, scaled.
+// Writes each row's experts in ascending index and their weights. One 256-thread block per row.
+extern "C" __global__ void __launch_bounds__(256) tf_route(const float* __restrict__ x, const float* __restrict__ gate,
+                                                           const float* __restrict__ correction, int* __restrict__ experts_out,
+                                                           float* __restrict__ weights_out, float* __restrict__ scratch,
+                                                           int rows, int hidden, int experts, int top_k, int groups,
+                                                           int groups_per_token, int normalize, float scaling) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
+    float* choice = probability + experts;
+    const float* in = x + static_cast<size_t>(row) * hidden;
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    for (int e = warp; e < experts; e += blockDim.x / kWarp) {
+        float dot = 0.f;
+        for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], gate[static_cast<size_t>(e) * hidden + i], dot);
+        dot = warp_sum(dot);
+        if (lane == 0) {
+            probability[e] = 1.0f / (1.0f + expf(-dot));
+            choice[e] = probability[e] + correction[e];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    if (groups > 1) {
+        const int per_group = experts / groups;
+        unsigned long long keep = 0;  // groups <= 64 here
+        for (int pick = 0; pick < groups_per_token; ++pick) {
+            int best = -1;
+            float best_score = 0.f;
+            for (int g = 0; g < groups; ++g) {
+                if (keep & (1ull << g)) continue;
+                float first = -INFINITY, second = -INFINITY;
+                for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+                    if (choice[e] > first) { second = first; first = choice[e]; } else if (choice[e] > second) second = choice[e];
+                }
+                if (best < 0 || first + second > best_score) { best = g; best_score = first + second; }
+            }
+            keep |= 1ull << best;
+        }
+        for (int g = 0; g < groups; ++g)
+            if (!(keep & (1ull << g)))
+                for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = 0.f;
+    }
+    int* chosen = experts_out + static_cast<size_t>(row) * top_k;
+    for (int slot = 0; slot < top_k; ++slot) {
+        int best = -1;
+        for (int e = 0; e < experts; ++e) {
+            bool taken = false;
+            for (int j = 0; j < slot; ++j) taken |= chosen[j] == e;
+            if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
+        }
+        chosen[slot] = best;
+    }
+    for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
+        for (int j = i; j > 0 && chosen[j - 1] > chosen[j]; --j) { const int t = chosen[j]; chosen[j] = chosen[j - 1]; chosen[j - 1] = t; }
+    float total = 0.f;
+    for (int slot = 0; slot < top_k; ++slot) total += probability[chosen[slot]];
+    for (int slot = 0; slot < top_k; ++slot) {
+        float w = probability[chosen[slot]];
+        if (normalize) w /= total + 1e-20f;
+        weights_out[static_cast<size_t>(row) * top_k + slot] = w * scaling;
+    }
+}
+
+// out[row] = Σ_slot weight · expert_out[row·top_k + slot] in slot (= ascending expert) order, then
+// + shared[row] when given.
+extern "C" __global__ void tf_moe_combine(const float* __restrict__ expert_out, const float* __restrict__ weights,
+                                          const float* __restrict__ shared, float* __restrict__ out,
+                                          int rows, int top_k, int hidden) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * hidden) return;
+    const int row = i / hidden;
+    const int d = i % hidden;
+    float sum = 0.f;
+    for (int slot = 0; slot < top_k; ++slot)
+        sum += expert_out[(static_cast<size_t>(row) * top_k + slot) * hidden + d] * weights[row * top_k + slot];
+    if (shared) sum += shared[i];
+    out[i] = sum;
+}

@@ -1,0 +1,213 @@
+//! The host half of zig/kernels/cuda/glm_forward.cu: one typed launch per kernel, each giving its
+//! grid and block and why. Every launch goes on the GPU's stream; nothing here synchronizes.
+const std = @import("std");
+const gpu_mod = @import("gpu.zig");
+const kernels = @import("kernels.zig");
+const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
+const Gpu = gpu_mod.Gpu;
+const Ptr = gpu_mod.DevicePtr;
+const Error = gpu_mod.Error;
+
+pub const Module = gpu_mod.Module(&.{
+    "tf_embed",          "tf_rmsnorm",         "tf_add",         "tf_swiglu",       "tf_gather_rows",
+    "tf_exl3_rotate_in", "tf_exl3_matmul",     "tf_exl3_rotate_out", "tf_dense_matmul", "tf_qk_rope_store",
+    "tf_attention",      "tf_route",           "tf_moe_combine",
+});
+
+pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
+    return Module.load(gpu, kernels.glm_forward, "glm_forward", diag);
+}
+
+/// Device twin of `struct Exl3Layer` in glm_forward.cu.
+pub const Exl3Layer = extern struct {
+    words: Ptr,
+    suh: Ptr,
+    svh: Ptr,
+    bias: Ptr, // 0 = none
+};
+
+comptime {
+    std.debug.assert(@sizeOf(Exl3Layer) == 32);
+}
+
+pub const Kernels = struct {
+    gpu: *const Gpu,
+    module: *const Module,
+    diag: *Diagnostic,
+
+    fn run(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, args: anytype) Error!void {
+        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 } }, args, "launch " ++ name, k.diag);
+    }
+
+    fn blocks(count: usize, per_block: usize) u32 {
+        return @intCast(std.math.divCeil(usize, @max(count, 1), per_block) catch unreachable);
+    }
+
+    pub fn embed(k: Kernels, tokens: Ptr, table: Ptr, out: Ptr, rows: usize, hidden: usize) Error!void {
+        var a = .{ tokens, table, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(hidden)) };
+        try k.run("tf_embed", .{ @intCast(rows), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4] });
+    }
+
+    /// 256 threads per row: the kernel's 8-warp reduction assumes exactly that.
+    pub fn rmsnorm(k: Kernels, x: Ptr, weight: Ptr, out: Ptr, rows: usize, width: usize, eps: f32) Error!void {
+        var a = .{ x, weight, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(width)), eps };
+        try k.run("tf_rmsnorm", .{ @intCast(rows), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
+    }
+
+    pub fn add(k: Kernels, target: Ptr, source: Ptr, count: usize) Error!void {
+        var a = .{ target, source, @as(c_int, @intCast(count)) };
+        try k.run("tf_add", .{ blocks(count, 256), 1, 1 }, 256, .{ &a[0], &a[1], &a[2] });
+    }
+
+    pub fn swiglu(k: Kernels, gate: Ptr, up: Ptr, count: usize) Error!void {
+        var a = .{ gate, up, @as(c_int, @intCast(count)) };
+        try k.run("tf_swiglu", .{ blocks(count, 256), 1, 1 }, 256, .{ &a[0], &a[1], &a[2] });
+    }
+
+    pub fn gatherRows(k: Kernels, x: Ptr, rows_wanted: Ptr, out: Ptr, count: usize, width: usize) Error!void {
+        var a = .{ x, rows_wanted, out, @as(c_int, @intCast(count)), @as(c_int, @intCast(width)) };
+        try k.run("tf_gather_rows", .{ @intCast(count), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4] });
+    }
+
+    pub const Exl3Call = struct {
+        x: Ptr,
+        source_rows: Ptr, // 0: item i reads row i
+        layer_of_item: Ptr, // 0: every item uses table entry 0
+        table: Ptr, // Exl3Layer[]
+        xr: Ptr, // scratch (items, k_p)
+        acc: Ptr, // scratch (items, n_p)
+        y: Ptr, // (items, out_features)
+        items: usize,
+        in_features: usize,
+        out_features: usize,
+        k_p: usize,
+        n_p: usize,
+        bits2: u8,
+        codebook: u8,
+    };
+
+    /// Three launches: rotate in (a warp per 128-chunk, 8 per block), the trellis matmul (a block
+    /// per 16-column tile column and item), rotate out.
+    pub fn exl3Linear(k: Kernels, c: Exl3Call) Error!void {
+        const items: c_int = @intCast(c.items);
+        const in_features: c_int = @intCast(c.in_features);
+        const out_features: c_int = @intCast(c.out_features);
+        const k_p: c_int = @intCast(c.k_p);
+        const n_p: c_int = @intCast(c.n_p);
+        const bits2: c_int = c.bits2;
+        const codebook: c_int = c.codebook;
+        var r_in = .{ c.x, c.source_rows, c.layer_of_item, c.table, c.xr, items, in_features, k_p };
+        try k.run("tf_exl3_rotate_in", .{ blocks(c.k_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_in[0], &r_in[1], &r_in[2], &r_in[3], &r_in[4], &r_in[5], &r_in[6], &r_in[7] });
+        var mm = .{ c.xr, c.layer_of_item, c.table, c.acc, items, k_p, n_p, bits2, codebook };
+        try k.run("tf_exl3_matmul", .{ @intCast(c.n_p / 16), @intCast(c.items), 1 }, 256, .{ &mm[0], &mm[1], &mm[2], &mm[3], &mm[4], &mm[5], &mm[6], &mm[7], &mm[8] });
+        var r_out = .{ c.acc, c.layer_of_item, c.table, c.y, items, n_p, out_features };
+        try k.run("tf_exl3_rotate_out", .{ blocks(c.n_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_out[0], &r_out[1], &r_out[2], &r_out[3], &r_out[4], &r_out[5], &r_out[6] });
+    }
+
+    /// A warp per (row, output), 8 warps per block.
+    pub fn denseLinear(k: Kernels, x: Ptr, weight: Ptr, bias: Ptr, y: Ptr, rows: usize, in_features: usize, out_features: usize) Error!void {
+        var a = .{ x, weight, bias, y, @as(c_int, @intCast(rows)), @as(c_int, @intCast(in_features)), @as(c_int, @intCast(out_features)) };
+        try k.run("tf_dense_matmul", .{ blocks(rows * out_features, 8), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
+    }
+
+    pub const RopeStore = struct {
+        q: Ptr,
+        k: Ptr,
+        v: Ptr,
+        q_norm: Ptr,
+        k_norm: Ptr,
+        cos_sin: Ptr,
+        positions: Ptr,
+        tables: Ptr,
+        table_offsets: Ptr,
+        cache_k: Ptr,
+        cache_v: Ptr,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        eps: f32,
+        layers: usize,
+        layer: usize,
+        page_tokens: usize,
+    };
+
+    pub fn qkRopeStore(k: Kernels, c: RopeStore) Error!void {
+        var a = .{
+            c.q,                              c.k,                               c.v,                                 c.q_norm,                             c.k_norm,
+            c.cos_sin,                        c.positions,                       c.tables,                            c.table_offsets,                      c.cache_k,
+            c.cache_v,                        @as(c_int, @intCast(c.rows)),      @as(c_int, @intCast(c.heads)),       @as(c_int, @intCast(c.kv_heads)),     @as(c_int, @intCast(c.head_dim)),
+            @as(c_int, @intCast(c.rotary_dim)), c.eps,                           @as(c_int, @intCast(c.layers)),      @as(c_int, @intCast(c.layer)),        @as(c_int, @intCast(c.page_tokens)),
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        try k.run("tf_qk_rope_store", .{ @intCast(c.rows), 1, 1 }, 256, ptrs);
+    }
+
+    pub const Attention = struct {
+        q: Ptr,
+        cache_k: Ptr,
+        cache_v: Ptr,
+        positions: Ptr,
+        tables: Ptr,
+        table_offsets: Ptr,
+        scores: Ptr,
+        out: Ptr,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        layers: usize,
+        layer: usize,
+        page_tokens: usize,
+        context_max: usize,
+    };
+
+    /// A 128-thread block per (row, head).
+    pub fn attention(k: Kernels, c: Attention) Error!void {
+        var a = .{
+            c.q,                             c.cache_k,                         c.cache_v,                         c.positions,
+            c.tables,                        c.table_offsets,                   c.scores,                          c.out,
+            @as(c_int, @intCast(c.rows)),    @as(c_int, @intCast(c.heads)),     @as(c_int, @intCast(c.kv_heads)),  @as(c_int, @intCast(c.head_dim)),
+            @as(c_int, @intCast(c.layers)),  @as(c_int, @intCast(c.layer)),     @as(c_int, @intCast(c.page_tokens)), @as(c_int, @intCast(c.context_max)),
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        try k.run("tf_attention", .{ @intCast(c.rows * c.heads), 1, 1 }, 128, ptrs);
+    }
+
+    pub const Route = struct {
+        x: Ptr,
+        gate: Ptr,
+        correction: Ptr,
+        experts_out: Ptr,
+        weights_out: Ptr,
+        scratch: Ptr,
+        rows: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        groups: usize,
+        groups_per_token: usize,
+        normalize: bool,
+        scaling: f32,
+    };
+
+    pub fn route(k: Kernels, c: Route) Error!void {
+        var a = .{
+            c.x,                                  c.gate,                            c.correction,                         c.experts_out,
+            c.weights_out,                        c.scratch,                         @as(c_int, @intCast(c.rows)),         @as(c_int, @intCast(c.hidden)),
+            @as(c_int, @intCast(c.experts)),      @as(c_int, @intCast(c.top_k)),     @as(c_int, @intCast(c.groups)),       @as(c_int, @intCast(c.groups_per_token)),
+            @as(c_int, @intFromBool(c.normalize)), c.scaling,
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        try k.run("tf_route", .{ @intCast(c.rows), 1, 1 }, 256, ptrs);
+    }
+
+    pub fn moeCombine(k: Kernels, expert_out: Ptr, weights: Ptr, shared: Ptr, out: Ptr, rows: usize, top_k: usize, hidden: usize) Error!void {
+        var a = .{ expert_out, weights, shared, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(top_k)), @as(c_int, @intCast(hidden)) };
+        try k.run("tf_moe_combine", .{ blocks(rows * hidden, 256), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
+    }
+};
