@@ -1,6 +1,7 @@
 """Shared test setup: the package from python/, fixture locations, tolerance reporting."""
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
@@ -11,7 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
 FIXTURES = ROOT / "tests" / "fixtures" / "glm4_moe"
-SHARED = ROOT.parent / "shared" / "fixtures" / "glm4_moe"
+# TF_SHARED_FIXTURES points elsewhere where ../shared is not beside the checkout (the GPU machine).
+SHARED = pathlib.Path(os.environ.get("TF_SHARED_FIXTURES", ROOT.parent / "shared" / "fixtures" / "glm4_moe"))
 BPWS = ("3.0", "4.0")
 
 

@@ -45,6 +45,8 @@ pub const Api = struct {
     cuMemcpyHtoD_v2: *const fn (DevicePtr, *const anyopaque, usize) callconv(.c) Result,
     cuMemcpyDtoH_v2: *const fn (*anyopaque, DevicePtr, usize) callconv(.c) Result,
     cuMemsetD8_v2: *const fn (DevicePtr, u8, usize) callconv(.c) Result,
+    cuMemcpyHtoDAsync_v2: *const fn (DevicePtr, *const anyopaque, usize, Stream) callconv(.c) Result,
+    cuMemcpyDtoHAsync_v2: *const fn (*anyopaque, DevicePtr, usize, Stream) callconv(.c) Result,
     cuModuleLoadData: *const fn (*Module, *const anyopaque) callconv(.c) Result,
     cuModuleUnload: *const fn (Module) callconv(.c) Result,
     cuModuleGetFunction: *const fn (*Function, Module, [*:0]const u8) callconv(.c) Result,

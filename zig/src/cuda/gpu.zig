@@ -66,16 +66,22 @@ pub const Gpu = struct {
         _ = gpu.driver.api.cuMemFree_v2(ptr);
     }
 
+    /// On the GPU's stream, so it is ordered after the kernels already queued there (the stream is
+    /// non-blocking: the plain cuMemcpy on the legacy stream would not wait for them). From pageable
+    /// memory the call returns once `source` has been staged, so the caller may reuse it.
     pub fn upload(gpu: *const Gpu, target: DevicePtr, source: []const u8, diag: *Diagnostic) Error!void {
-        try gpu.driver.check(gpu.driver.api.cuMemcpyHtoD_v2(target, source.ptr, source.len), "cuMemcpyHtoD", diag);
+        try gpu.driver.check(gpu.driver.api.cuMemcpyHtoDAsync_v2(target, source.ptr, source.len, gpu.stream), "cuMemcpyHtoDAsync", diag);
     }
 
+    /// Ordered after the queued kernels, and complete when it returns.
     pub fn download(gpu: *const Gpu, target: []u8, source: DevicePtr, diag: *Diagnostic) Error!void {
-        try gpu.driver.check(gpu.driver.api.cuMemcpyDtoH_v2(target.ptr, source, target.len), "cuMemcpyDtoH", diag);
+        try gpu.driver.check(gpu.driver.api.cuMemcpyDtoHAsync_v2(target.ptr, source, target.len, gpu.stream), "cuMemcpyDtoHAsync", diag);
+        try gpu.synchronize(diag);
     }
 
     /// Fills with a byte pattern so that an element a kernel failed to write shows up.
     pub fn poison(gpu: *const Gpu, target: DevicePtr, size_bytes: usize, diag: *Diagnostic) Error!void {
+        try gpu.synchronize(diag);
         try gpu.driver.check(gpu.driver.api.cuMemsetD8_v2(target, 0xFF, size_bytes), "cuMemsetD8", diag);
     }
 

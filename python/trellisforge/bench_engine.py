@@ -1,6 +1,6 @@
 """CPU engine throughput on a model directory, as a table (a benchmark, not a test):
 
-    python -m trellisforge.bench_cpu MODEL_DIR [--prompt-tokens 256] [--decode-tokens 64]
+    python -m trellisforge.bench_engine MODEL_DIR [--prompt-tokens 256] [--decode-tokens 64]
 
 Prefill: one prompt's logits at every position. Decode: greedy tokens per second for 1 and for 4
 concurrent sequences (continuous batching)."""
@@ -20,8 +20,9 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
-    engine = Engine(args.model_dir, max_seqs=8)
+    engine = Engine(args.model_dir, backend=args.backend, max_seqs=8)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, args.prompt_tokens)]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
@@ -40,7 +41,7 @@ def main() -> None:
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
         rows.append(("decode", streams, produced, elapsed, produced / elapsed))
-    print(f"library {library_path()}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
+    print(f"library {library_path()}, backend {args.backend}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
     print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
     for phase, streams, tokens, seconds, rate in rows:
         print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}")
