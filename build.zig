@@ -11,10 +11,20 @@ pub fn build(b: *std.Build) void {
     const nvcc = b.option([]const u8, "nvcc", "path to nvcc; builds and embeds the CUDA kernels");
     const sm = b.option([]const u8, "sm", "comma-separated SM archs for the fatbins (default 90,121)") orelse "90,121";
 
+    const python = b.option([]const u8, "python", "python for the kernel contract check (default python3)") orelse "python3";
+
     const step_test = b.step("test", "Run the host tests");
     const step_cuda_test = b.step("cuda-test", "Build tf-cuda-test (the GPU suites)");
+    const step_contract = b.step("test-kernel-contract", "Check every kernel of every arch against zig/src/core/contract/registry.zig (needs -Dnvcc)");
 
-    const kernels = cuda_build.addKernels(b, .{ .nvcc = nvcc, .sm = sm });
+    const built = cuda_build.addKernels(b, .{ .nvcc = nvcc, .sm = sm });
+    const kernels = built.module;
+    if (built.images) |images| {
+        for (cuda_build.kernels, images) |kernel, image| {
+            b.getInstallStep().dependOn(&b.addInstallFileWithDir(image, .{ .custom = "kernels" }, b.fmt("{s}.fatbin", .{kernel.name})).step);
+        }
+    }
+    addContractCheck(b, step_contract, nvcc, python);
 
     const core = b.createModule(.{
         .root_source_file = b.path("zig/src/root.zig"),
@@ -72,4 +82,21 @@ pub fn build(b: *std.Build) void {
         .imports = &.{.{ .name = "trellisforge", .module = core_debug }},
     }) });
     step_test.dependOn(&b.addRunArtifact(abi_tests).step);
+}
+
+/// Builds every kernel for every supported arch and compares their resource usage with the
+/// registry (python/trellisforge/kernel_contract.py).
+fn addContractCheck(b: *std.Build, step: *std.Build.Step, nvcc: ?[]const u8, python: []const u8) void {
+    const compiler = nvcc orelse {
+        const fail = b.addFail("test-kernel-contract needs -Dnvcc=PATH");
+        step.dependOn(&fail.step);
+        return;
+    };
+    const all = cuda_build.addKernels(b, .{ .nvcc = compiler, .sm = cuda_build.contract_sm });
+    const run = b.addSystemCommand(&.{ python, "python/trellisforge/kernel_contract.py", "check" });
+    run.setEnvironmentVariable("PATH", b.fmt("{s}:{s}", .{ std.fs.path.dirname(compiler) orelse ".", b.graph.environ_map.get("PATH") orelse "/usr/bin:/bin" }));
+    for (all.images.?) |image| run.addFileArg(image);
+    run.addFileInput(b.path("zig/src/core/contract/registry.zig"));
+    run.has_side_effects = true;
+    step.dependOn(&run.step);
 }

@@ -11,4 +11,5 @@ if command -v qemu-aarch64 >/dev/null && [ -d /usr/aarch64-linux-gnu ]; then
 else
   echo "SKIP aarch64 host tests: qemu-user and libc6-arm64-cross are not installed"
 fi
+# The kernel contract runs inside pytest (tests/test_kernel_contract.py) when nvcc is on PATH.
 .venv/bin/python -m pytest tests -q -rs

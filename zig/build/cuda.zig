@@ -18,14 +18,22 @@ pub const kernels = [_]Kernel{
     .{ .name = "glm_forward" },
 };
 
+/// Every arch the kernels must build for and the contract registry covers.
+pub const contract_sm = "80,86,89,90,120,121";
+
 pub const Options = struct {
     nvcc: ?[]const u8,
     sm: []const u8,
 };
 
-/// Returns a module whose root declares one `[]const u8` per kernel (the fatbin, or empty), and
-/// `built_with_nvcc`.
-pub fn addKernels(b: *std.Build, options: Options) *std.Build.Module {
+pub const Kernels = struct {
+    /// Declares one `[]const u8` per kernel (the fatbin, or empty), `built_with_nvcc` and `sm_list`.
+    module: *std.Build.Module,
+    /// The fatbins, when built with nvcc.
+    images: ?[kernels.len]std.Build.LazyPath,
+};
+
+pub fn addKernels(b: *std.Build, options: Options) Kernels {
     const files = b.addWriteFiles();
     var source: std.ArrayList(u8) = .empty;
     const w = &source;
@@ -46,7 +54,7 @@ pub fn addKernels(b: *std.Build, options: Options) *std.Build.Module {
     for (kernels, images) |kernel, image| {
         module.addAnonymousImport(b.fmt("{s}.fatbin", .{kernel.name}), .{ .root_source_file = image });
     }
-    return module;
+    return .{ .module = module, .images = if (built) images else null };
 }
 
 fn append(b: *std.Build, list: *std.ArrayList(u8), comptime fmt: []const u8, args: anytype) void {

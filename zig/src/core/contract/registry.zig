@@ -1,0 +1,108 @@
+//! The kernel contract: per kernel and arch, the resources nvcc gave it. `zig build
+//! test-kernel-contract` and tests/test_kernel_contract.py compare the built fatbins with this
+//! table and fail on drift, on any spill and on any unlisted kernel. Written by
+//! `python -m trellisforge.kernel_contract write FATBIN...`; review every change.
+
+pub const Entry = struct {
+    kernel: []const u8,
+    sm: u16,
+    registers: u16,
+    shared_bytes: u32, // static shared memory
+    stack_bytes: u32,
+    local_bytes: u32, // spills
+};
+
+pub const nvcc_version = "13.0.88";
+
+pub const entries = [_]Entry{
+    .{ .kernel = "tf_add", .sm = 80, .registers = 10, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_add", .sm = 86, .registers = 10, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_add", .sm = 89, .registers = 10, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_add", .sm = 90, .registers = 10, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_add", .sm = 120, .registers = 10, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_add", .sm = 121, .registers = 10, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_attention", .sm = 80, .registers = 32, .shared_bytes = 16, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_attention", .sm = 86, .registers = 40, .shared_bytes = 16, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_attention", .sm = 89, .registers = 40, .shared_bytes = 16, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_attention", .sm = 90, .registers = 40, .shared_bytes = 1040, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_attention", .sm = 120, .registers = 40, .shared_bytes = 1040, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_attention", .sm = 121, .registers = 40, .shared_bytes = 1040, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_dense_matmul", .sm = 80, .registers = 30, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_dense_matmul", .sm = 86, .registers = 38, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_dense_matmul", .sm = 89, .registers = 38, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_dense_matmul", .sm = 90, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_dense_matmul", .sm = 120, .registers = 38, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_dense_matmul", .sm = 121, .registers = 38, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_embed", .sm = 80, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_embed", .sm = 86, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_embed", .sm = 89, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_embed", .sm = 90, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_embed", .sm = 120, .registers = 22, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_embed", .sm = 121, .registers = 22, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_decode", .sm = 80, .registers = 16, .shared_bytes = 256, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_decode", .sm = 86, .registers = 16, .shared_bytes = 256, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_decode", .sm = 89, .registers = 16, .shared_bytes = 256, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_decode", .sm = 90, .registers = 15, .shared_bytes = 1280, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_decode", .sm = 120, .registers = 22, .shared_bytes = 1280, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_decode", .sm = 121, .registers = 22, .shared_bytes = 1280, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_matmul", .sm = 80, .registers = 30, .shared_bytes = 1280, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_matmul", .sm = 86, .registers = 39, .shared_bytes = 1280, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_matmul", .sm = 89, .registers = 39, .shared_bytes = 1280, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_matmul", .sm = 90, .registers = 31, .shared_bytes = 2304, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_matmul", .sm = 120, .registers = 39, .shared_bytes = 2304, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_matmul", .sm = 121, .registers = 38, .shared_bytes = 2304, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_in", .sm = 80, .registers = 25, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_in", .sm = 86, .registers = 26, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_in", .sm = 89, .registers = 26, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_in", .sm = 90, .registers = 25, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_in", .sm = 120, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_in", .sm = 121, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_out", .sm = 80, .registers = 24, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_out", .sm = 86, .registers = 24, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_out", .sm = 89, .registers = 24, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_out", .sm = 90, .registers = 28, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_out", .sm = 120, .registers = 25, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_rotate_out", .sm = 121, .registers = 25, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_gather_rows", .sm = 80, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_gather_rows", .sm = 86, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_gather_rows", .sm = 89, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_gather_rows", .sm = 90, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_gather_rows", .sm = 120, .registers = 16, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_gather_rows", .sm = 121, .registers = 16, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_moe_combine", .sm = 80, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_moe_combine", .sm = 86, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_moe_combine", .sm = 89, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_moe_combine", .sm = 90, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_moe_combine", .sm = 120, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_moe_combine", .sm = 121, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_qk_rope_store", .sm = 80, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_qk_rope_store", .sm = 86, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_qk_rope_store", .sm = 89, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_qk_rope_store", .sm = 90, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_qk_rope_store", .sm = 120, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_qk_rope_store", .sm = 121, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_rmsnorm", .sm = 80, .registers = 17, .shared_bytes = 32, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_rmsnorm", .sm = 86, .registers = 20, .shared_bytes = 32, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_rmsnorm", .sm = 89, .registers = 20, .shared_bytes = 32, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_rmsnorm", .sm = 90, .registers = 17, .shared_bytes = 1056, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_rmsnorm", .sm = 120, .registers = 20, .shared_bytes = 1056, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_rmsnorm", .sm = 121, .registers = 20, .shared_bytes = 1056, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_route", .sm = 80, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_route", .sm = 86, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_route", .sm = 89, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_route", .sm = 90, .registers = 32, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_route", .sm = 120, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_route", .sm = 121, .registers = 40, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_swiglu", .sm = 80, .registers = 16, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_swiglu", .sm = 86, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_swiglu", .sm = 89, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_swiglu", .sm = 90, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_swiglu", .sm = 120, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_swiglu", .sm = 121, .registers = 18, .shared_bytes = 0, .stack_bytes = 0, .local_bytes = 0 },
+};
+
+test "the registry lists no spills" {
+    for (entries) |entry| {
+        try @import("std").testing.expectEqual(@as(u32, 0), entry.stack_bytes + entry.local_bytes);
+    }
+}
