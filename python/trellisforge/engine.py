@@ -61,7 +61,7 @@ class TokenEvent:
 
 class Engine:
     def __init__(self, model_dir: str | os.PathLike, backend: str = "cpu", max_seqs: int = 16,
-                 kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256):
+                 kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, tp_world: int = 1):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
         self.model_dir = pathlib.Path(model_dir)
@@ -72,6 +72,7 @@ class Engine:
         params.page_tokens = page_tokens
         params.context_tokens_max = ctx
         params.rows_max = rows_max
+        params.tp_world = tp_world
         handle = ffi.new("tf_engine **")
         check(lib.tf_engine_create(os.fsencode(os.fspath(model_dir)), params, handle))
         self._handle = handle[0]

@@ -103,6 +103,7 @@ typedef struct {
     uint32_t page_tokens;        /* positions per KV page */
     uint32_t context_tokens_max; /* 0: the model's max_position_embeddings, capped at 8192 */
     uint32_t rows_max;           /* tokens per step: prompt chunks + decode rows */
+    uint32_t tp_world;           /* tensor-parallel ranks inside this process (cpu); 0 or 1 = none */
 } tf_engine_params;
 
 typedef struct {

@@ -334,7 +334,7 @@ const Engine = tf.engine.Engine;
 const engine_mod = tf.engine.engine;
 
 comptime {
-    std.debug.assert(@sizeOf(engine_mod.Params) == 24);
+    std.debug.assert(@sizeOf(engine_mod.Params) == 28);
     std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 48);
     std.debug.assert(@sizeOf(engine_mod.Record) == 184);
     std.debug.assert(@sizeOf(engine_mod.Stats) == 32);

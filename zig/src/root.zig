@@ -4,6 +4,7 @@ pub const exl3 = @import("exl3/root.zig");
 pub const cuda = @import("cuda/root.zig");
 pub const glm = @import("families/glm/root.zig");
 pub const engine = @import("engine/root.zig");
+pub const dist = @import("dist/root.zig");
 pub const version = "0.1.0";
 
 test {
@@ -12,4 +13,5 @@ test {
     _ = cuda;
     _ = glm;
     _ = engine;
+    _ = dist;
 }

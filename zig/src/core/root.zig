@@ -17,4 +17,5 @@ test {
     _ = config;
     _ = parallel;
     _ = @import("once.zig");
+    _ = @import("contract/registry.zig");
 }

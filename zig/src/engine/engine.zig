@@ -9,6 +9,7 @@ const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const KvCache = @import("kv_cache.zig").KvCache;
 const sampler = @import("sampler.zig");
+const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
 const Diagnostic = core.Diagnostic;
 
 pub const Error = error{ InvalidArgument, NotFound, OutOfMemory, UnsupportedModel, InvalidConfig, NoConfig } ||
@@ -23,6 +24,7 @@ pub const Params = extern struct {
     page_tokens: u32 = 16,
     context_tokens_max: u32 = 0, // 0: the model's max_position_embeddings, capped at 8192
     rows_max: u32 = 256, // tokens per step (prompt chunks + decode rows)
+    tp_world: u32 = 1, // tensor-parallel ranks inside this process (CPU backend)
 };
 
 pub const Finish = enum(i32) { none = 0, stop = 1, length = 2, cancelled = 3 };
@@ -91,6 +93,7 @@ pub const Engine = struct {
     logits_rows_max: usize,
     plan_arena: std.heap.ArenaAllocator,
     gpu_model: ?*glm.cuda_exl3.GpuModel,
+    tensor_parallel: ?*TensorParallel,
 
     pub fn init(gpa: std.mem.Allocator, model_dir: []const u8, requested: Params, diag: *Diagnostic) Error!*Engine {
         if (requested.backend != @intFromEnum(Backend.cpu) and requested.backend != @intFromEnum(Backend.cuda)) {
@@ -119,7 +122,7 @@ pub const Engine = struct {
             .head_dim = model.head_dim,
             .page_tokens = p.page_tokens,
             .pages = p.kv_pages,
-        }, p.backend == @intFromEnum(Backend.cpu));
+        }, p.backend == @intFromEnum(Backend.cpu) and p.tp_world == 1);
         errdefer engine.cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
         errdefer engine.scratch.deinit();
@@ -136,6 +139,21 @@ pub const Engine = struct {
                 .pages = p.kv_pages,
                 .page_tokens = p.page_tokens,
                 .pages_per_sequence = engine.sequences[0].pages.len,
+            }, diag);
+        }
+        errdefer if (engine.gpu_model) |gpu_model| gpu_model.deinit();
+        engine.tensor_parallel = null;
+        if (p.tp_world > 1) {
+            if (p.backend != @intFromEnum(Backend.cpu)) {
+                diag.set("tensor parallelism inside one process runs on the cpu backend; GPUs take one process per rank", .{});
+                return error.InvalidArgument;
+            }
+            engine.tensor_parallel = try TensorParallel.init(gpa, &engine.weights, .{
+                .world = p.tp_world,
+                .rows_max = p.rows_max,
+                .context_max = p.context_tokens_max,
+                .pages = p.kv_pages,
+                .page_tokens = p.page_tokens,
             }, diag);
         }
         engine.pages_reserved = 0;
@@ -169,6 +187,7 @@ pub const Engine = struct {
     pub fn deinit(engine: *Engine) void {
         const gpa = engine.gpa;
         if (engine.gpu_model) |model| model.deinit();
+        if (engine.tensor_parallel) |group| group.deinit();
         engine.plan_arena.deinit();
         engine.workspace.deinit(gpa);
         engine.scratch.deinit();
@@ -356,6 +375,8 @@ pub const Engine = struct {
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
         if (engine.gpu_model) |model| {
             try model.forward(batch, logits, diag);
+        } else if (engine.tensor_parallel) |group| {
+            group.forward(batch, logits);
         } else {
             glm.forward_cpu.forward(&engine.weights, &engine.cache, batch, &engine.scratch, logits);
         }
@@ -487,6 +508,8 @@ fn resolveParams(requested: Params, c: glm.Config, diag: *Diagnostic) Error!Para
     if (p.sequences_max == 0 or p.sequences_max > 256) return invalid(diag, "sequences_max must be 1..256", .{});
     if (p.page_tokens == 0 or p.page_tokens > 1024) return invalid(diag, "page_tokens must be 1..1024", .{});
     if (p.rows_max == 0 or p.rows_max > 65536) return invalid(diag, "rows_max must be 1..65536", .{});
+    if (p.tp_world == 0) p.tp_world = 1;
+    if (p.tp_world > 16) return invalid(diag, "tp_world must be 1..16", .{});
     if (p.context_tokens_max == 0) p.context_tokens_max = @intCast(@min(c.max_position_embeddings, 8192));
     if (p.context_tokens_max < 2 or p.context_tokens_max > c.max_position_embeddings) {
         return invalid(diag, "context_tokens_max {d} must be 2..{d} (max_position_embeddings)", .{ p.context_tokens_max, c.max_position_embeddings });

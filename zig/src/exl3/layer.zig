@@ -24,6 +24,9 @@ pub const Layer = struct {
     svh: []align(1) const u16,
     bias: ?Bias,
     owned: ?[]u16,
+    /// Set when the layer is a tensor-parallel slice: its words, scales and bias are copies.
+    owned_slice: ?[]u16 = null,
+    owned_bias: ?[]f32 = null,
 
     pub const Bias = union(enum) {
         f16: []align(1) const u16,
@@ -88,6 +91,8 @@ pub const Layer = struct {
 
     pub fn deinit(layer: *Layer, gpa: std.mem.Allocator) void {
         if (layer.owned) |owned| gpa.free(owned);
+        if (layer.owned_slice) |owned| gpa.free(owned);
+        if (layer.owned_bias) |owned| gpa.free(owned);
         layer.* = undefined;
     }
 

@@ -8,6 +8,7 @@ pub const layer = @import("layer.zig");
 pub const Layer = layer.Layer;
 pub const linear_cpu = @import("linear_cpu.zig");
 pub const encode = @import("encode.zig");
+pub const slice = @import("slice.zig");
 
 test {
     _ = codebook;
@@ -16,4 +17,5 @@ test {
     _ = @import("layer.zig");
     _ = linear_cpu;
     _ = encode;
+    _ = slice;
 }

@@ -86,9 +86,21 @@ pub const Scratch = struct {
     }
 };
 
+/// Sums a rank's partial outputs across the tensor-parallel ranks, in place (dist/collective.zig).
+pub const Reduce = struct {
+    context: *anyopaque,
+    sum: *const fn (context: *anyopaque, values: []f32) void,
+};
+
 /// Runs the batch through the model, writing its keys and values into `cache` and the logits of
-/// `batch.logits_rows` into `logits` ((logits_rows, vocab) f32).
+/// `batch.logits_rows` into `logits` ((logits_rows, vocab) f32). With `reduce`, `weights` is one
+/// rank's shard and the partial o_proj and FFN outputs are summed across ranks before each residual
+/// add (the two all-reduces of a layer).
 pub fn forward(weights: *const Weights, cache: *KvCache, batch: Batch, scratch: *Scratch, logits: []f32) void {
+    forwardRank(weights, cache, batch, scratch, logits, null);
+}
+
+pub fn forwardRank(weights: *const Weights, cache: *KvCache, batch: Batch, scratch: *Scratch, logits: []f32, reduce: ?Reduce) void {
     const c = weights.config;
     const rows = batch.rows();
     std.debug.assert(rows >= 1 and rows <= scratch.rows_max);
@@ -105,6 +117,7 @@ pub fn forward(weights: *const Weights, cache: *KvCache, batch: Batch, scratch: 
         const normed = scratch.normed[0 .. rows * c.hidden_size];
         rmsNormRows(hidden, block.input_norm, c.rms_norm_eps, normed);
         attention(weights, block, layer, cache, batch, scratch);
+        if (reduce) |r| r.sum(r.context, scratch.projected[0 .. rows * c.hidden_size]);
         addInto(hidden, scratch.projected[0 .. rows * c.hidden_size]);
 
         rmsNormRows(hidden, block.post_attention_norm, c.rms_norm_eps, normed);
@@ -113,6 +126,7 @@ pub fn forward(weights: *const Weights, cache: *KvCache, batch: Batch, scratch: 
             .dense => |*mlp| runMlp(mlp, rows, normed, out, scratch),
             .moe => |*moe| runMoe(c, moe, rows, normed, out, scratch),
         }
+        if (reduce) |r| r.sum(r.context, out);
         addInto(hidden, out);
     }
 

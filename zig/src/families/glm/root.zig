@@ -8,6 +8,7 @@ pub const router = @import("router.zig");
 pub const rope = @import("rope.zig");
 pub const forward_cpu = @import("forward_cpu.zig");
 pub const cuda_exl3 = @import("cuda_exl3.zig");
+pub const shard = @import("shard.zig");
 
 test {
     _ = config;
@@ -17,4 +18,5 @@ test {
     _ = rope;
     _ = forward_cpu;
     _ = cuda_exl3;
+    _ = shard;
 }

@@ -1,0 +1,64 @@
+"""Tensor parallelism on the CPU: ranks as threads of one process with the host-memory collective.
+TP=2 logits equal TP=1 logits within the f32 tolerance and greedy continuations are equal, on the
+peer's fixtures and on models with an uneven 128-unit split of the intermediate width."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2, within
+from glm_fixtures import checkpoint_dir, prompts
+from test_glm_variants import BASE, write_model
+
+import trellisforge
+from trellisforge import TrellisError
+
+TOL = 1e-4  # the ranks sum partial outputs in another order than one rank does: f32 rounding only
+
+
+def compare(directory, token_lists, world=2, greedy_tokens=16):
+    single = trellisforge.Engine(directory, max_seqs=4)
+    sharded = trellisforge.Engine(directory, max_seqs=4, tp_world=world)
+    for name, tokens in token_lists.items():
+        a, b = single.logits(tokens), sharded.logits(tokens)
+        within(max(relative_l2(b[t], a[t]) for t in range(len(tokens))), TOL, f"TP={world} vs TP=1, {name}")
+        assert sharded.generate(tokens, greedy_tokens, stop_token_ids=[]) == single.generate(tokens, greedy_tokens, stop_token_ids=[]), name
+    stats = sharded.stats()
+    assert stats["pages_free"] == stats["pages_total"]
+
+
+@pytest.mark.parametrize("variant", ["3.0", "4.0"])
+def test_fixture_models_at_tp2(variant):
+    compare(checkpoint_dir(variant), prompts())
+
+
+@pytest.mark.parametrize("codebook", [None, "mul1"])
+def test_uneven_split_of_the_intermediate_width(tmp_path, codebook):
+    """384 = 3 units of 128: rank 0 takes 256 channels, rank 1 takes 128 (GLM-4.5-Air's 1408 = 11
+    units splits 768 + 640 the same way)."""
+    config = dict(BASE, head_dim=128, intermediate_size=384, moe_intermediate_size=384, n_shared_experts=1)
+    model = write_model(tmp_path / "uneven", config, exl3_codebook=codebook, seed=9)
+    tokens = {"random": [int(t) for t in np.random.default_rng(4).integers(0, BASE["vocab_size"], 30)]}
+    compare(model, tokens)
+
+
+def test_four_ranks(tmp_path):
+    model = write_model(tmp_path / "four", dict(BASE, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512,
+                                                moe_intermediate_size=512), seed=2)
+    compare(model, {"random": [int(t) for t in np.random.default_rng(5).integers(0, BASE["vocab_size"], 20)]}, world=4)
+
+
+def test_batch_invariance_holds_at_tp2():
+    p = prompts()
+    engine = trellisforge.Engine(checkpoint_dir("3.0"), max_seqs=4, tp_world=2)
+    alone = engine.logits(p["short"])
+    batched = engine.logits_batch([p["long"], p["short"]])[1]
+    assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
+
+
+def test_splits_that_cannot_be_made_are_refused(tmp_path):
+    model = write_model(tmp_path / "odd", dict(BASE, num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(TrellisError, match="divide evenly"):
+        trellisforge.Engine(model, tp_world=4)
+    exl3 = write_model(tmp_path / "cut", dict(BASE), exl3_codebook="mul1")  # 64-dim heads: a KV head is half a block
+    with pytest.raises(TrellisError, match="would cut a 128-channel EXL3 block"):
+        trellisforge.Engine(exl3, tp_world=2)

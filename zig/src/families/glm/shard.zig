@@ -1,0 +1,161 @@
+//! The tensor-parallel plan for class A (GLM.md §6.1, EXL3.md §13), as one rank's `Weights`:
+//! - q/k/v split by heads and KV heads (column-parallel), o_proj by the same heads (row-parallel);
+//! - the dense MLP, every routed expert and the shared expert split along their intermediate width
+//!   in 128-channel units (gate/up by columns, down by rows), unevenly when the units are odd
+//!   (GLM-4.5-Air's 1408 = 11 units: 768 + 640);
+//! - norms, router, correction bias replicated; row-parallel biases on rank 0 only.
+//! - Embedding and lm_head replicated: every rank embeds its own tokens without a collective, and
+//!   rank 0 alone runs lm_head, so the logits need no gather; the cost is memory (GLM-4.5's 6-bit
+//!   lm_head is ~0.6 GB per node), which a 128 GB node affords, against a per-step all-gather of
+//!   151552 logits per row over the link.
+//! The partial outputs of o_proj and of the whole FFN are summed across ranks (two all-reduces per
+//! layer), which is exact because the output Hadamard and svh are linear.
+const std = @import("std");
+const core = @import("../../core/root.zig");
+const exl3 = @import("../../exl3/root.zig");
+const weights_mod = @import("weights.zig");
+const Linear = @import("linear.zig").Linear;
+const Config = @import("config.zig").Config;
+const Diagnostic = core.Diagnostic;
+const Range = exl3.slice.Range;
+
+pub const Error = error{ OutOfMemory, UnsupportedModel };
+
+/// Rank `rank`'s weights. Norms, router and embedding are views into `full`, which must outlive it.
+pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: usize, rank: usize, diag: *Diagnostic) Error!weights_mod.Weights {
+    const c = full.config;
+    if (c.heads % world != 0 or c.kv_heads % world != 0) {
+        diag.set("tensor parallelism {d} needs the {d} attention heads and {d} KV heads to divide evenly", .{ world, c.heads, c.kv_heads });
+        return error.UnsupportedModel;
+    }
+    const q_range = headRange(c.heads, c.head_dim, world, rank);
+    const kv_range = headRange(c.kv_heads, c.head_dim, world, rank);
+    const aligned = q_range.begin % 128 == 0 and q_range.end % 128 == 0 and kv_range.begin % 128 == 0 and kv_range.end % 128 == 0;
+    const attention_exl3 = for (full.blocks) |block| {
+        if (block.q.kind == .exl3 or block.k.kind == .exl3 or block.o.kind == .exl3) break true;
+    } else false;
+    if (attention_exl3 and !aligned) {
+        diag.set("tensor parallelism {d} would cut a 128-channel EXL3 block: {d} heads of {d} dims per rank", .{ world, c.heads / world, c.head_dim });
+        return error.UnsupportedModel;
+    }
+    var result: weights_mod.Weights = undefined;
+    result.arena = std.heap.ArenaAllocator.init(gpa);
+    errdefer result.arena.deinit();
+    const arena = result.arena.allocator();
+    var cleanup: Cleanup = .{ .gpa = gpa };
+    errdefer cleanup.run();
+
+    result.config = c;
+    result.config.heads = c.heads / world;
+    result.config.kv_heads = c.kv_heads / world;
+    result.config.intermediate_size = exl3.slice.unitRange(c.intermediate_size, world, rank).len();
+    result.config.moe_intermediate_size = exl3.slice.unitRange(c.moe_intermediate_size, world, rank).len();
+    result.embedding = full.embedding;
+    result.norm = full.norm;
+    result.lm_head = try cleanup.keep(try copyLinear(gpa, &full.lm_head));
+    result.blocks = try arena.alloc(weights_mod.Block, full.blocks.len);
+    const first = rank == 0;
+    for (full.blocks, result.blocks) |*source, *target| {
+        target.* = .{
+            .input_norm = source.input_norm,
+            .post_attention_norm = source.post_attention_norm,
+            .q = try cleanup.keep(try sliceLinear(gpa, &source.q, .columns, q_range, true)),
+            .k = try cleanup.keep(try sliceLinear(gpa, &source.k, .columns, kv_range, true)),
+            .v = try cleanup.keep(try sliceLinear(gpa, &source.v, .columns, kv_range, true)),
+            .o = try cleanup.keep(try sliceLinear(gpa, &source.o, .rows, q_range, first)),
+            .q_norm = source.q_norm,
+            .k_norm = source.k_norm,
+            .ffn = switch (source.ffn) {
+                .dense => |*mlp| .{ .dense = try shardMlp(&cleanup, mlp, world, rank) },
+                .moe => |*moe| blk: {
+                    const experts = try arena.alloc(weights_mod.Mlp, moe.experts.len);
+                    for (moe.experts, experts) |*e, *t| t.* = try shardMlp(&cleanup, e, world, rank);
+                    break :blk .{ .moe = .{
+                        .router = moe.router,
+                        .correction_bias = moe.correction_bias,
+                        .experts = experts,
+                        .shared = if (moe.shared) |*s| try shardMlp(&cleanup, s, world, rank) else null,
+                    } };
+                },
+            },
+        };
+    }
+    cleanup.linears.deinit(gpa);
+    return result;
+}
+
+/// Frees every Linear made so far when a later step of the shard fails.
+const Cleanup = struct {
+    gpa: std.mem.Allocator,
+    linears: std.ArrayList(Linear) = .empty,
+
+    fn keep(cleanup: *Cleanup, linear: Linear) Error!Linear {
+        var copy = linear;
+        cleanup.linears.append(cleanup.gpa, linear) catch |err| {
+            copy.deinit(cleanup.gpa);
+            return err;
+        };
+        return linear;
+    }
+
+    fn run(cleanup: *Cleanup) void {
+        for (cleanup.linears.items) |*linear| linear.deinit(cleanup.gpa);
+        cleanup.linears.deinit(cleanup.gpa);
+    }
+};
+
+fn headRange(heads: usize, head_dim: usize, world: usize, rank: usize) Range {
+    const per_rank = heads / world * head_dim;
+    return .{ .begin = rank * per_rank, .end = (rank + 1) * per_rank };
+}
+
+fn shardMlp(cleanup: *Cleanup, mlp: *const weights_mod.Mlp, world: usize, rank: usize) Error!weights_mod.Mlp {
+    const range = exl3.slice.unitRange(mlp.gate.out_features, world, rank);
+    return .{
+        .gate = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.gate, .columns, range, true)),
+        .up = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.up, .columns, range, true)),
+        .down = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.down, .rows, range, rank == 0)),
+    };
+}
+
+/// The logical (unpadded) part of `range` within `size` features.
+fn logical(range: Range, size: usize) usize {
+    return @min(range.end, size) -| range.begin;
+}
+
+fn sliceLinear(gpa: std.mem.Allocator, linear: *const Linear, axis: exl3.slice.Axis, range: Range, keep_bias: bool) Error!Linear {
+    const in_features = if (axis == .rows) logical(range, linear.in_features) else linear.in_features;
+    const out_features = if (axis == .columns) logical(range, linear.out_features) else linear.out_features;
+    switch (linear.kind) {
+        .exl3 => |*layer| return .{ .in_features = in_features, .out_features = out_features, .kind = .{ .exl3 = try exl3.slice.slice(gpa, layer, axis, range, keep_bias) } },
+        .dense => |dense| {
+            const weight = try gpa.alloc(f32, out_features * in_features);
+            errdefer gpa.free(weight);
+            const row_offset = if (axis == .columns) range.begin else 0;
+            const column_offset = if (axis == .rows) range.begin else 0;
+            for (0..out_features) |o| {
+                @memcpy(weight[o * in_features ..][0..in_features], dense.weight[(row_offset + o) * linear.in_features + column_offset ..][0..in_features]);
+            }
+            var bias: ?[]f32 = null;
+            if (dense.bias) |source| {
+                if (axis == .columns or keep_bias) bias = try gpa.dupe(f32, source[row_offset..][0..out_features]);
+            }
+            return .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = weight, .bias = bias } } };
+        },
+    }
+}
+
+fn copyLinear(gpa: std.mem.Allocator, linear: *const Linear) Error!Linear {
+    return switch (linear.kind) {
+        .exl3 => |*layer| .{
+            .in_features = linear.in_features,
+            .out_features = linear.out_features,
+            .kind = .{ .exl3 = try exl3.slice.slice(gpa, layer, .columns, .{ .begin = 0, .end = layer.columns }, true) },
+        },
+        .dense => |dense| .{
+            .in_features = linear.in_features,
+            .out_features = linear.out_features,
+            .kind = .{ .dense = .{ .weight = try gpa.dupe(f32, dense.weight), .bias = if (dense.bias) |b| try gpa.dupe(f32, b) else null } },
+        },
+    };
+}
