@@ -62,3 +62,54 @@ def test_splits_that_cannot_be_made_are_refused(tmp_path):
     exl3 = write_model(tmp_path / "cut", dict(BASE), exl3_codebook="mul1")  # 64-dim heads: a KV head is half a block
     with pytest.raises(TrellisError, match="would cut a 128-channel EXL3 block"):
         trellisforge.Engine(exl3, tp_world=2)
+
+
+WORKER = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
+
+
+def start_worker(directory, rank: int, master: str):
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(directory), str(rank), master], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "python")}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_processes_on_loopback_equal_two_threads_bit_for_bit():
+    from server_process import free_port
+    directory = checkpoint_dir("3.0")
+    master = f"127.0.0.1:{free_port()}"
+    worker = start_worker(directory, 1, master)
+    try:
+        engine = trellisforge.Engine(directory, max_seqs=4, tp_world=2, tp_master=master)
+        threads = trellisforge.Engine(directory, max_seqs=4, tp_world=2)
+        single = trellisforge.Engine(directory, max_seqs=4)
+        for name, tokens in prompts().items():
+            over_tcp, in_process, reference = engine.logits(tokens), threads.logits(tokens), single.logits(tokens)
+            assert np.array_equal(over_tcp.view(np.uint32), in_process.view(np.uint32)), name
+            within(max(relative_l2(over_tcp[t], reference[t]) for t in range(len(tokens))), TOL, f"TCP TP=2 vs TP=1, {name}")
+            assert engine.generate(tokens, 12, stop_token_ids=[]) == single.generate(tokens, 12, stop_token_ids=[])
+        engine.close()  # tells the worker to stop
+        assert worker.wait(timeout=30) == 0, worker.stdout.read()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_a_dead_worker_fails_the_step_with_a_message():
+    from server_process import free_port
+    directory = checkpoint_dir("3.0")
+    master = f"127.0.0.1:{free_port()}"
+    worker = start_worker(directory, 1, master)
+    engine = trellisforge.Engine(directory, max_seqs=4, tp_world=2, tp_master=master)
+    tokens = prompts()["short"]
+    assert len(engine.logits(tokens)) == len(tokens)
+    worker.kill()
+    worker.wait()
+    with pytest.raises(TrellisError, match="tensor-parallel peer") as caught:
+        engine.logits(tokens)
+    assert caught.value.status_name == "io"
+    with pytest.raises(TrellisError, match="tensor-parallel peer"):  # and stays failed, not hung
+        engine.generate(tokens, 2)

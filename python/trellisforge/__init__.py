@@ -6,7 +6,7 @@ mode. The library is found through `TRELLISFORGE_LIB`, beside this package, or i
 """
 from ._ffi import TrellisError, cuda_available, library_path, version
 from .checkpoint import Checkpoint, Exl3Info
-from .engine import Engine, Sampling, TokenEvent
+from .engine import Engine, Sampling, TokenEvent, run_tp_worker
 from . import tokenizer
 
-__all__ = ["Checkpoint", "Engine", "Exl3Info", "Sampling", "TokenEvent", "TrellisError", "cuda_available", "library_path", "version"]
+__all__ = ["Checkpoint", "Engine", "Exl3Info", "Sampling", "TokenEvent", "run_tp_worker", "TrellisError", "cuda_available", "library_path", "version"]

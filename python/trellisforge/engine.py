@@ -61,7 +61,11 @@ class TokenEvent:
 
 class Engine:
     def __init__(self, model_dir: str | os.PathLike, backend: str = "cpu", max_seqs: int = 16,
-                 kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, tp_world: int = 1):
+                 kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, tp_world: int = 1,
+                 tp_master: str | None = None):
+        """tp_world > 1 without tp_master: the ranks are threads of this process (cpu). With
+        tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
+        workers (`run_tp_worker`)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
         self.model_dir = pathlib.Path(model_dir)
@@ -74,7 +78,11 @@ class Engine:
         params.rows_max = rows_max
         params.tp_world = tp_world
         handle = ffi.new("tf_engine **")
-        check(lib.tf_engine_create(os.fsencode(os.fspath(model_dir)), params, handle))
+        if tp_master:
+            host, port = split_address(tp_master)
+            check(lib.tf_engine_create_tp_master(os.fsencode(os.fspath(model_dir)), params, host.encode(), port, handle))
+        else:
+            check(lib.tf_engine_create(os.fsencode(os.fspath(model_dir)), params, handle))
         self._handle = handle[0]
         self._lock = threading.Lock()
         self._records = ffi.new("tf_step_record[]", max(max_seqs, 64))
@@ -187,6 +195,20 @@ class Engine:
                  stop_token_ids: Sequence[int] | None = None, **sampling) -> list[int]:
         return [e.token for e in self.stream(token_ids, max_tokens, temperature, top_p, top_k, min_p, seed,
                                              stop_token_ids, **sampling)]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"tensor-parallel master must be HOST:PORT, not {address!r}")
+    return host, int(port)
+
+
+def run_tp_worker(model_dir: str | os.PathLike, rank: int, master: str) -> None:
+    """Rank `rank` (>= 1) of a tensor-parallel group: serves the master's forwards until it shuts
+    down; raises TrellisError when the link fails."""
+    host, port = split_address(master)
+    check(lib.tf_tp_worker_run(os.fsencode(os.fspath(model_dir)), rank, host.encode(), port))
 
 
 def _eos_token_ids(model_dir: pathlib.Path) -> list[int]:

@@ -145,6 +145,13 @@ typedef struct {
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);
 tf_status tf_engine_destroy(tf_engine *engine);
+/* Rank 0 of tp_world processes (tensor parallelism): listens on host:port (IPv4) until the other
+ * ranks have joined, then runs like tf_engine_create; each step drives every rank. */
+tf_status tf_engine_create_tp_master(const char *model_dir, const tf_engine_params *params,
+                                     const char *host, uint16_t port, tf_engine **out);
+/* A worker rank (>= 1): joins the master at host:port and serves its forwards; returns TF_OK when
+ * the master shuts down, an error when the connection fails. Blocks. */
+tf_status tf_tp_worker_run(const char *model_dir, uint32_t rank, const char *host, uint16_t port);
 /* Queues a sequence; *id_out names it in step records and cancel. stop_tokens end it with STOP. */
 tf_status tf_engine_add_sequence(tf_engine *engine, const uint32_t *tokens, size_t count,
                                  const tf_sampling_params *sampling, const uint32_t *stop_tokens,

@@ -43,6 +43,7 @@ fn statusOf(err: anyerror) Status {
         error.InvalidArgument => .invalid_argument,
         error.UnsupportedModel => .unsupported,
         error.NoConfig, error.InvalidWeights, error.UnexpectedTensor => .format,
+        error.NetworkFailed, error.PeerClosed, error.TimedOut, error.InvalidAddress => .io,
         error.UnsupportedQuantization => .unsupported,
         error.OutOfMemory => .out_of_memory,
         error.CudaUnavailable, error.CudaFailed => .cuda,
@@ -359,12 +360,40 @@ export fn tf_engine_create(model_dir: ?[*:0]const u8, params: ?*const engine_mod
     const requested: engine_mod.Params = if (params) |p| p.* else .{};
     var diag: core.Diagnostic = .{};
     const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
-    const engine = Engine.init(gpa, std.mem.span(dir), requested, &diag) catch |err| {
+    const engine = Engine.init(gpa, std.mem.span(dir), requested, null, &diag) catch |err| {
         gpa.destroy(handle);
         return failWith(err, &diag);
     };
     handle.* = .{ .engine = engine };
     target.* = handle;
+    return ok();
+}
+
+/// Rank 0 of a multi-process tensor-parallel group: listens on host:port for tp_world - 1 workers.
+export fn tf_engine_create_tp_master(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, host: ?[*:0]const u8, port: u16, out: ?*?*EngineHandle) Status {
+    const dir = model_dir orelse return fail(.invalid_argument, "model_dir is null", .{});
+    const host_z = host orelse return fail(.invalid_argument, "host is null", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = null;
+    const requested: engine_mod.Params = if (params) |p| p.* else .{};
+    var diag: core.Diagnostic = .{};
+    const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
+    const engine = Engine.init(gpa, std.mem.span(dir), requested, .{ .host = std.mem.span(host_z), .port = port }, &diag) catch |err| {
+        gpa.destroy(handle);
+        return failWith(err, &diag);
+    };
+    handle.* = .{ .engine = engine };
+    target.* = handle;
+    return ok();
+}
+
+/// A worker rank: blocks, serving the master's forwards, until the master shuts down (TF_OK) or
+/// the connection fails (an error).
+export fn tf_tp_worker_run(model_dir: ?[*:0]const u8, rank: u32, host: ?[*:0]const u8, port: u16) Status {
+    const dir = model_dir orelse return fail(.invalid_argument, "model_dir is null", .{});
+    const host_z = host orelse return fail(.invalid_argument, "host is null", .{});
+    var diag: core.Diagnostic = .{};
+    engine_mod.runWorker(gpa, std.mem.span(dir), rank, .{ .host = std.mem.span(host_z), .port = port }, &diag) catch |err| return failWith(err, &diag);
     return ok();
 }
 

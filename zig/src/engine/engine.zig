@@ -10,10 +10,14 @@ const glm = @import("../families/glm/root.zig");
 const KvCache = @import("kv_cache.zig").KvCache;
 const sampler = @import("sampler.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
+const distributed = @import("distributed.zig");
+
+/// Where rank 0 listens for the other ranks of a multi-process tensor-parallel group.
+pub const Master = struct { host: []const u8, port: u16 };
 const Diagnostic = core.Diagnostic;
 
 pub const Error = error{ InvalidArgument, NotFound, OutOfMemory, UnsupportedModel, InvalidConfig, NoConfig } ||
-    core.checkpoint.Error || glm.weights.Error || glm.cuda_exl3.Error;
+    core.checkpoint.Error || glm.weights.Error || glm.cuda_exl3.Error || distributed.Error;
 
 pub const Backend = enum(i32) { cpu = 0, cuda = 1 };
 
@@ -94,8 +98,10 @@ pub const Engine = struct {
     plan_arena: std.heap.ArenaAllocator,
     gpu_model: ?*glm.cuda_exl3.GpuModel,
     tensor_parallel: ?*TensorParallel,
+    distributed_rank: ?*distributed.Rank,
 
-    pub fn init(gpa: std.mem.Allocator, model_dir: []const u8, requested: Params, diag: *Diagnostic) Error!*Engine {
+    /// With `master`, this engine is rank 0 of `tp_world` processes and waits for the others.
+    pub fn init(gpa: std.mem.Allocator, model_dir: []const u8, requested: Params, master: ?Master, diag: *Diagnostic) Error!*Engine {
         if (requested.backend != @intFromEnum(Backend.cpu) and requested.backend != @intFromEnum(Backend.cuda)) {
             diag.set("backend {d} is neither 0 (cpu) nor 1 (cuda)", .{requested.backend});
             return error.InvalidArgument;
@@ -143,7 +149,21 @@ pub const Engine = struct {
         }
         errdefer if (engine.gpu_model) |gpu_model| gpu_model.deinit();
         engine.tensor_parallel = null;
-        if (p.tp_world > 1) {
+        engine.distributed_rank = null;
+        if (master) |m| {
+            if (p.tp_world < 2 or p.backend != @intFromEnum(Backend.cpu)) {
+                diag.set("a tensor-parallel master needs tp_world >= 2 and, in this build, the cpu backend", .{});
+                return error.InvalidArgument;
+            }
+            engine.distributed_rank = try distributed.Rank.initMaster(gpa, &engine.weights, .{
+                .world = p.tp_world,
+                .rows_max = p.rows_max,
+                .context_max = p.context_tokens_max,
+                .pages = p.kv_pages,
+                .page_tokens = p.page_tokens,
+                .pages_per_sequence = @intCast(engine.sequences[0].pages.len),
+            }, m.host, m.port, diag);
+        } else if (p.tp_world > 1) {
             if (p.backend != @intFromEnum(Backend.cpu)) {
                 diag.set("tensor parallelism inside one process runs on the cpu backend; GPUs take one process per rank", .{});
                 return error.InvalidArgument;
@@ -188,6 +208,7 @@ pub const Engine = struct {
         const gpa = engine.gpa;
         if (engine.gpu_model) |model| model.deinit();
         if (engine.tensor_parallel) |group| group.deinit();
+        if (engine.distributed_rank) |rank| rank.deinit();
         engine.plan_arena.deinit();
         engine.workspace.deinit(gpa);
         engine.scratch.deinit();
@@ -375,6 +396,8 @@ pub const Engine = struct {
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
         if (engine.gpu_model) |model| {
             try model.forward(batch, logits, diag);
+        } else if (engine.distributed_rank) |rank| {
+            try rank.forward(batch, logits, diag);
         } else if (engine.tensor_parallel) |group| {
             group.forward(batch, logits);
         } else {
@@ -502,6 +525,27 @@ pub const Engine = struct {
         }
     }
 };
+
+/// A worker rank (> 0) of a multi-process tensor-parallel group: loads its shard of `model_dir`,
+/// joins the master, and runs the forwards it is sent until the master shuts down.
+pub fn runWorker(gpa: std.mem.Allocator, model_dir: []const u8, rank: usize, master: Master, diag: *Diagnostic) Error!void {
+    if (rank == 0) {
+        diag.set("a worker's rank is 1 or more; rank 0 is the engine", .{});
+        return error.InvalidArgument;
+    }
+    var checkpoint = try core.Checkpoint.open(gpa, model_dir, diag);
+    defer checkpoint.deinit();
+    const model_config = checkpoint.config orelse {
+        diag.set("'{s}' has no config.json", .{model_dir});
+        return error.NoConfig;
+    };
+    const model = try glm.Config.parse(&model_config, diag);
+    var weights = try glm.Weights.load(gpa, &checkpoint, model, diag);
+    defer weights.deinit(gpa);
+    const self = try distributed.Rank.initWorker(gpa, &weights, rank, master.host, master.port, diag);
+    defer self.deinit();
+    try self.serve(diag);
+}
 
 fn resolveParams(requested: Params, c: glm.Config, diag: *Diagnostic) Error!Params {
     var p = requested;

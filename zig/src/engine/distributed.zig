@@ -1,0 +1,213 @@
+//! Tensor parallelism across processes (one per node or GPU): rank 0 runs the engine and the
+//! scheduler, sends each step's plan (tokens, positions, page tables, how many logits rows) to the
+//! workers over TCP, and every rank runs the same forward on its shard. On the CPU backend the two
+//! all-reduces per layer go over the same sockets (rank 0 sums in rank order and returns the sum,
+//! so every rank holds the same bits). A peer that dies or stops answering fails the step with a
+//! message; it never hangs the master.
+const std = @import("std");
+const core = @import("../core/root.zig");
+const glm = @import("../families/glm/root.zig");
+const tcp = @import("../dist/tcp.zig");
+const KvCache = @import("kv_cache.zig").KvCache;
+const Diagnostic = core.Diagnostic;
+
+pub const Error = glm.shard.Error || tcp.Error;
+
+pub const ranks_max = 16;
+pub const peer_timeout_s: u32 = 120;
+
+pub const Shape = extern struct {
+    world: u32,
+    rows_max: u32,
+    context_max: u32,
+    pages: u32,
+    page_tokens: u32,
+    pages_per_sequence: u32,
+};
+
+const Header = extern struct {
+    kind: u32, // 1 forward, 2 shutdown
+    rows: u32,
+    logits_rows: u32,
+    tables_len: u32,
+};
+
+const kind_forward: u32 = 1;
+const kind_shutdown: u32 = 2;
+
+pub const Rank = struct {
+    gpa: std.mem.Allocator,
+    rank: usize,
+    shape: Shape,
+    weights: glm.Weights,
+    cache: KvCache,
+    scratch: glm.forward_cpu.Scratch,
+    peers: [ranks_max]tcp.Connection, // rank 0: peers[r - 1] is rank r
+    master: tcp.Connection, // rank > 0
+    partials: []f32,
+    plan: []u32,
+    tables: [][]const u32,
+    failure: ?Diagnostic,
+
+    /// Rank 0: shards `full`, waits for the workers to connect and sends them the shape.
+    pub fn initMaster(gpa: std.mem.Allocator, full: *const glm.Weights, shape: Shape, host: []const u8, port: u16, diag: *Diagnostic) Error!*Rank {
+        const self = try init(gpa, full, shape, 0, diag);
+        errdefer self.deinit();
+        try tcp.acceptPeers(host, port, self.peers[0 .. shape.world - 1], peer_timeout_s, diag);
+        for (self.peers[0 .. shape.world - 1]) |*peer| try peer.sendValue(shape, diag);
+        return self;
+    }
+
+    /// Rank > 0: connects, receives the master's shape, and shards `full` for itself.
+    pub fn initWorker(gpa: std.mem.Allocator, full: *const glm.Weights, rank: usize, host: []const u8, port: u16, diag: *Diagnostic) Error!*Rank {
+        var master = try tcp.connectToMaster(host, port, @intCast(rank), peer_timeout_s, diag);
+        errdefer master.close();
+        const shape = try master.recvValue(Shape, diag);
+        if (shape.world < 2 or shape.world > ranks_max or rank >= shape.world) {
+            diag.set("the master runs {d} ranks; this is rank {d}", .{ shape.world, rank });
+            return error.UnsupportedModel;
+        }
+        const self = try init(gpa, full, shape, rank, diag);
+        self.master = master;
+        return self;
+    }
+
+    fn init(gpa: std.mem.Allocator, full: *const glm.Weights, shape: Shape, rank: usize, diag: *Diagnostic) Error!*Rank {
+        const self = try gpa.create(Rank);
+        errdefer gpa.destroy(self);
+        self.gpa = gpa;
+        self.rank = rank;
+        self.shape = shape;
+        self.failure = null;
+        self.master = .{ .fd = -1 };
+        for (&self.peers) |*p| p.* = .{ .fd = -1 };
+        self.weights = try glm.shard.shard(gpa, full, shape.world, rank, diag);
+        errdefer self.weights.deinit(gpa);
+        const c = self.weights.config;
+        self.cache = try KvCache.init(gpa, .{ .layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .page_tokens = shape.page_tokens, .pages = shape.pages }, true);
+        errdefer self.cache.deinit(gpa);
+        self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
+        errdefer self.scratch.deinit();
+        self.partials = try gpa.alloc(f32, shape.rows_max * c.hidden_size);
+        errdefer gpa.free(self.partials);
+        self.plan = try gpa.alloc(u32, 4 * shape.rows_max + shape.rows_max * shape.pages_per_sequence);
+        errdefer gpa.free(self.plan);
+        self.tables = try gpa.alloc([]const u32, shape.rows_max);
+        return self;
+    }
+
+    pub fn deinit(self: *Rank) void {
+        const gpa = self.gpa;
+        if (self.rank == 0) {
+            for (self.peers[0 .. self.shape.world - 1]) |*peer| {
+                if (peer.fd >= 0) {
+                    var diag: Diagnostic = .{};
+                    peer.sendValue(Header{ .kind = kind_shutdown, .rows = 0, .logits_rows = 0, .tables_len = 0 }, &diag) catch {};
+                    peer.close();
+                }
+            }
+        } else if (self.master.fd >= 0) self.master.close();
+        gpa.free(self.tables);
+        gpa.free(self.plan);
+        gpa.free(self.partials);
+        self.scratch.deinit();
+        self.cache.deinit(gpa);
+        self.weights.deinit(gpa);
+        gpa.destroy(self);
+    }
+
+    /// Rank 0: one forward of `batch` on every rank; the logits as forward_cpu.forward.
+    pub fn forward(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
+        std.debug.assert(self.rank == 0);
+        if (self.failure) |failed| {
+            diag.* = failed;
+            return error.NetworkFailed;
+        }
+        var tables_len: usize = 0;
+        for (batch.page_tables) |t| tables_len += t.len;
+        const header: Header = .{ .kind = kind_forward, .rows = @intCast(batch.rows()), .logits_rows = @intCast(batch.logits_rows.len), .tables_len = @intCast(tables_len) };
+        for (self.peers[0 .. self.shape.world - 1]) |*peer| {
+            errdefer self.failure = diag.*;
+            try peer.sendValue(header, diag);
+            try peer.sendAll(std.mem.sliceAsBytes(batch.tokens), diag);
+            try peer.sendAll(std.mem.sliceAsBytes(batch.positions), diag);
+            for (batch.page_tables) |t| try peer.sendValue(@as(u32, @intCast(t.len)), diag);
+            for (batch.page_tables) |t| try peer.sendAll(std.mem.sliceAsBytes(t), diag);
+        }
+        try self.run(batch, logits, diag);
+    }
+
+    /// Rank > 0: serves plans until the master shuts down (returns) or fails (error).
+    pub fn serve(self: *Rank, diag: *Diagnostic) Error!void {
+        std.debug.assert(self.rank > 0);
+        self.master.setTimeout(0); // between requests a worker waits as long as the master idles
+        while (true) {
+            const header = try self.master.recvValue(Header, diag);
+            if (header.kind == kind_shutdown) return;
+            self.master.setTimeout(peer_timeout_s);
+            const rows: usize = header.rows;
+            if (header.kind != kind_forward or rows == 0 or rows > self.shape.rows_max or header.tables_len > self.shape.rows_max * self.shape.pages_per_sequence) {
+                diag.set("malformed plan from the master", .{});
+                return error.NetworkFailed;
+            }
+            const tokens = self.plan[0..rows];
+            const positions = self.plan[rows..][0..rows];
+            const lengths = self.plan[2 * rows ..][0..rows];
+            const flat = self.plan[3 * rows ..][0..header.tables_len];
+            try self.master.recvAll(std.mem.sliceAsBytes(tokens), diag);
+            try self.master.recvAll(std.mem.sliceAsBytes(positions), diag);
+            try self.master.recvAll(std.mem.sliceAsBytes(lengths), diag);
+            try self.master.recvAll(std.mem.sliceAsBytes(flat), diag);
+            var at: usize = 0;
+            for (self.tables[0..rows], lengths) |*table, length| {
+                table.* = flat[at..][0..length];
+                at += length;
+            }
+            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{} }, &.{}, diag);
+            self.master.setTimeout(0);
+        }
+    }
+
+    const ReduceContext = struct { self: *Rank, diag: *Diagnostic, failed: bool };
+
+    fn run(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
+        var context: ReduceContext = .{ .self = self, .diag = diag, .failed = false };
+        glm.forward_cpu.forwardRank(&self.weights, &self.cache, batch, &self.scratch, logits, .{ .context = &context, .sum = reduce });
+        if (context.failed) {
+            if (self.rank == 0) self.failure = diag.*;
+            return error.NetworkFailed;
+        }
+    }
+
+    /// The all-reduce: workers send their partial and receive the sum; rank 0 sums in rank order.
+    /// After a failure the forward still runs to its end (its buffers stay valid) and then fails.
+    fn reduce(opaque_context: *anyopaque, values: []f32) void {
+        const context: *ReduceContext = @ptrCast(@alignCast(opaque_context));
+        if (context.failed) return;
+        const self = context.self;
+        const diag = context.diag;
+        if (self.rank == 0) {
+            for (self.peers[0 .. self.shape.world - 1]) |*peer| {
+                peer.recvAll(std.mem.sliceAsBytes(self.partials[0..values.len]), diag) catch {
+                    context.failed = true;
+                    return;
+                };
+                for (values, self.partials[0..values.len]) |*v, p| v.* += p;
+            }
+            for (self.peers[0 .. self.shape.world - 1]) |*peer| {
+                peer.sendAll(std.mem.sliceAsBytes(values), diag) catch {
+                    context.failed = true;
+                    return;
+                };
+            }
+        } else {
+            self.master.sendAll(std.mem.sliceAsBytes(values), diag) catch {
+                context.failed = true;
+                return;
+            };
+            self.master.recvAll(std.mem.sliceAsBytes(values), diag) catch {
+                context.failed = true;
+            };
+        }
+    }
+};
