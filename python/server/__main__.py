@@ -28,6 +28,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-seqs", type=int, default=16, help="sequences generating at once")
     parser.add_argument("--ctx", type=int, default=0, help="context tokens per sequence (0: the model's, capped at 8192)")
     parser.add_argument("--rows-max", type=int, default=256, help="tokens per engine step")
+    parser.add_argument("--tp-world", type=int, default=1, help="tensor-parallel ranks (processes)")
+    parser.add_argument("--tp-rank", type=int, default=0, help="this process's rank: 0 serves HTTP, others are workers")
+    parser.add_argument("--tp-master", help="HOST:PORT where rank 0 waits for the workers")
     return parser.parse_args(argv)
 
 
@@ -37,8 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (model_dir / "config.json").is_file():
         print(f"error: {model_dir} is not a checkpoint directory (no config.json)", file=sys.stderr)
         return 2
+    if args.tp_world > 1 and not args.tp_master:
+        print("error: --tp-world > 1 needs --tp-master HOST:PORT", file=sys.stderr)
+        return 2
+    if args.tp_rank > 0:
+        return run_worker(model_dir, args)
     config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
-                          backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max)
+                          backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max,
+                          tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
     # uvicorn shuts down gracefully on Ctrl-C, then re-raises the signal to the handler it found:
@@ -47,6 +56,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(caught, lambda *_: None)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     print("trellisforge: stopped", flush=True)
+    return 0
+
+
+def run_worker(model_dir: pathlib.Path, args: argparse.Namespace) -> int:
+    """A tensor-parallel worker: no HTTP; serves rank 0's forwards until it shuts down."""
+    import trellisforge
+    print(f"trellisforge: rank {args.tp_rank} of {args.tp_world} joining {args.tp_master} with {model_dir}", flush=True)
+    try:
+        trellisforge.run_tp_worker(model_dir, args.tp_rank, args.tp_master)
+    except (trellisforge.TrellisError, ValueError) as error:
+        print(f"error: rank {args.tp_rank}: {error}", file=sys.stderr, flush=True)
+        return 1
+    print(f"trellisforge: rank {args.tp_rank} stopped (the master shut down)", flush=True)
     return 0
 
 

@@ -39,6 +39,8 @@ class ServerConfig:
     max_seqs: int = 16
     ctx: int = 0
     rows_max: int = 256
+    tp_world: int = 1
+    tp_master: str | None = None
 
 
 class State:
@@ -56,7 +58,8 @@ class State:
         try:
             c = self.config
             self.tokenizer = Tokenizer(c.model_dir)
-            self.engine = trellisforge.Engine(c.model_dir, backend=c.backend, max_seqs=c.max_seqs, ctx=c.ctx, rows_max=c.rows_max)
+            self.engine = trellisforge.Engine(c.model_dir, backend=c.backend, max_seqs=c.max_seqs, ctx=c.ctx, rows_max=c.rows_max,
+                                              tp_world=c.tp_world, tp_master=c.tp_master)
             self.runtime = Runtime(self.engine, self.metrics)
             self.runtime.start()
             self.ready.set()
