@@ -1,6 +1,9 @@
 //! tf-cuda-test <suite>: GPU checks against the CPU reference paths, one PASS/FAIL line per check,
 //! exit code 1 on any failure. Runs on the device machine (docs/measurements.md records runs).
 //!   exl3-decode   the decode kernel equals the CPU decoder bit for bit, every rate and codebook
+//!   nccl [--world N --rank R --master HOST:PORT]
+//!                 all-reduce, broadcast and all-gather exact, and the all-reduce bus bandwidth;
+//!                 one process per GPU, the unique id sent from rank 0 over TCP
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -26,12 +29,18 @@ fn say(comptime fmt: []const u8, args: anytype) void {
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
     const suite = if (args.len >= 2) args[1] else "";
-    if (!std.mem.eql(u8, suite, "exl3-decode")) {
-        say("usage: tf-cuda-test exl3-decode\n", .{});
+    const is_nccl = std.mem.eql(u8, suite, "nccl");
+    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl) {
+        say("usage: tf-cuda-test exl3-decode | nccl [--world N --rank R --master HOST:PORT]\n", .{});
         return 2;
     }
+    var options: NcclOptions = .{};
+    if (is_nccl) options = NcclOptions.parse(args[2..]) orelse {
+        say("usage: tf-cuda-test nccl [--world N --rank R --master HOST:PORT]\n", .{});
+        return 2;
+    };
     var diag: Diagnostic = .{};
-    var gpu = cuda.Gpu.open(0, &diag) catch {
+    var gpu = cuda.Gpu.open(@intCast(options.rank), &diag) catch {
         say("FAIL open GPU: {s}\n", .{diag.message()});
         return 1;
     };
@@ -39,9 +48,15 @@ pub fn main(init: std.process.Init) u8 {
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
 
     var report: Report = .{};
-    exl3DecodeSuite(init.gpa, &gpu, &report) catch |err| {
-        report.check(false, "exl3-decode aborted: {t}: {s}", .{ err, diag.message() });
-    };
+    if (is_nccl) {
+        ncclSuite(init.gpa, &gpu, options, &report, &diag) catch |err| {
+            report.check(false, "nccl aborted: {t}: {s}", .{ err, diag.message() });
+        };
+    } else {
+        exl3DecodeSuite(init.gpa, &gpu, &report) catch |err| {
+            report.check(false, "exl3-decode aborted: {t}: {s}", .{ err, diag.message() });
+        };
+    }
     say("{d} passed, {d} failed\n", .{ report.passed, report.failed });
     return if (report.failed == 0) 0 else 1;
 }
@@ -140,4 +155,115 @@ fn compareDecode(
     var mismatches: usize = 0;
     for (expected, actual) |e, a| mismatches += @intFromBool(e != a);
     return mismatches;
+}
+
+const NcclOptions = struct {
+    world: usize = 1,
+    rank: usize = 0,
+    host: []const u8 = "127.0.0.1",
+    port: u16 = 29500,
+
+    fn parse(args: []const [:0]const u8) ?NcclOptions {
+        var options: NcclOptions = .{};
+        var i: usize = 0;
+        while (i + 1 < args.len) : (i += 2) {
+            const value = args[i + 1];
+            if (std.mem.eql(u8, args[i], "--world")) {
+                options.world = std.fmt.parseInt(usize, value, 10) catch return null;
+            } else if (std.mem.eql(u8, args[i], "--rank")) {
+                options.rank = std.fmt.parseInt(usize, value, 10) catch return null;
+            } else if (std.mem.eql(u8, args[i], "--master")) {
+                const colon = std.mem.lastIndexOfScalar(u8, value, ':') orelse return null;
+                options.host = value[0..colon];
+                options.port = std.fmt.parseInt(u16, value[colon + 1 ..], 10) catch return null;
+            } else return null;
+        }
+        if (i != args.len or options.world == 0 or options.rank >= options.world or options.world > 16) return null;
+        return options;
+    }
+};
+
+fn ncclSuite(gpa: std.mem.Allocator, gpu: *cuda.Gpu, options: NcclOptions, report: *Report, diag: *Diagnostic) !void {
+    const dist = tf.dist;
+    var nccl = try dist.nccl.Nccl.open(diag);
+    defer nccl.close();
+    say("nccl version {d}, rank {d} of {d}\n", .{ nccl.version, options.rank, options.world });
+    // Rank 0 makes the unique id and sends it to the others over TCP.
+    var id: dist.nccl.UniqueId = undefined;
+    var peers: [16]dist.tcp.Connection = undefined;
+    var master: ?dist.tcp.Connection = null;
+    defer if (master) |*m| m.close();
+    if (options.rank == 0) {
+        id = try nccl.uniqueId(diag);
+        if (options.world > 1) {
+            try dist.tcp.acceptPeers(options.host, options.port, peers[0 .. options.world - 1], 120, diag);
+            for (peers[0 .. options.world - 1]) |*p| try p.sendValue(id, diag);
+        }
+    } else {
+        master = try dist.tcp.connectToMaster(options.host, options.port, @intCast(options.rank), 120, diag);
+        id = try master.?.recvValue(dist.nccl.UniqueId, diag);
+    }
+    defer if (options.rank == 0 and options.world > 1) for (peers[0 .. options.world - 1]) |*p| p.close();
+    const comm = try nccl.initRank(options.world, options.rank, id, diag);
+    defer _ = nccl.api.ncclCommDestroy(comm);
+    const stream: dist.nccl.Stream = @ptrCast(gpu.stream);
+
+    const count: usize = 1 << 20;
+    const host = try gpa.alloc(f32, count * options.world);
+    defer gpa.free(host);
+    const buffer = try gpu.alloc(count * 4 * options.world, diag);
+    defer gpu.free(buffer);
+    const value = struct {
+        fn at(rank: usize, i: usize) f32 {
+            return @floatFromInt((rank * 7 + i * 3) % 1001); // small integers: every sum is exact
+        }
+    };
+
+    for (host[0..count], 0..) |*v, i| v.* = value.at(options.rank, i);
+    try gpu.upload(buffer, std.mem.sliceAsBytes(host[0..count]), diag);
+    try nccl.allReduceSum(comm, buffer, count, .float32, stream, diag);
+    try gpu.download(std.mem.sliceAsBytes(host[0..count]), buffer, diag);
+    var wrong: usize = 0;
+    for (host[0..count], 0..) |v, i| {
+        var expected: f32 = 0;
+        for (0..options.world) |r| expected += value.at(r, i);
+        wrong += @intFromBool(v != expected);
+    }
+    report.check(wrong == 0, "nccl all-reduce sum of {d} floats over {d} rank(s): {d} wrong", .{ count, options.world, wrong });
+
+    for (host[0..count], 0..) |*v, i| v.* = if (options.rank == 0) value.at(0, i) else -1;
+    try gpu.upload(buffer, std.mem.sliceAsBytes(host[0..count]), diag);
+    try nccl.broadcast(comm, buffer, count, .float32, 0, stream, diag);
+    try gpu.download(std.mem.sliceAsBytes(host[0..count]), buffer, diag);
+    wrong = 0;
+    for (host[0..count], 0..) |v, i| wrong += @intFromBool(v != value.at(0, i));
+    report.check(wrong == 0, "nccl broadcast of {d} floats from rank 0: {d} wrong", .{ count, wrong });
+
+    const gathered = try gpu.alloc(count * 4 * options.world, diag);
+    defer gpu.free(gathered);
+    for (host[0..count], 0..) |*v, i| v.* = value.at(options.rank, i);
+    try gpu.upload(buffer, std.mem.sliceAsBytes(host[0..count]), diag);
+    try nccl.allGather(comm, buffer, gathered, count, .float32, stream, diag);
+    try gpu.download(std.mem.sliceAsBytes(host), gathered, diag);
+    wrong = 0;
+    for (0..options.world) |r| {
+        for (host[r * count ..][0..count], 0..) |v, i| wrong += @intFromBool(v != value.at(r, i));
+    }
+    report.check(wrong == 0, "nccl all-gather of {d} floats per rank: {d} wrong", .{ count, wrong });
+
+    // Bus bandwidth of a 256 MiB all-reduce, as nccl-tests reports it: 2(n-1)/n x size / time.
+    const big_count: usize = 64 << 20;
+    const big = try gpu.alloc(big_count * 4, diag);
+    defer gpu.free(big);
+    var timer = try cuda.gpu.Timer.create(gpu, diag);
+    defer timer.destroy(gpu);
+    try nccl.allReduceSum(comm, big, big_count, .float32, stream, diag); // warm-up
+    const repeats = 10;
+    try timer.begin(gpu, diag);
+    for (0..repeats) |_| try nccl.allReduceSum(comm, big, big_count, .float32, stream, diag);
+    const elapsed_ms = try timer.end(gpu, diag) / repeats;
+    const bytes: f64 = @floatFromInt(big_count * 4);
+    const algorithm_gbs = bytes / (@as(f64, elapsed_ms) * 1e-3) / 1e9;
+    const factor = 2.0 * @as(f64, @floatFromInt(options.world - 1)) / @as(f64, @floatFromInt(options.world));
+    say("nccl all-reduce 256 MiB: {d:.3} ms, algorithm bandwidth {d:.1} GB/s, bus bandwidth {d:.1} GB/s\n", .{ elapsed_ms, algorithm_gbs, algorithm_gbs * factor });
 }
