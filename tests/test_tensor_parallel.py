@@ -67,7 +67,8 @@ def test_splits_that_cannot_be_made_are_refused(tmp_path):
 WORKER = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
 
 
-def start_worker(directory, rank: int, master: str):
+def start_worker(directory, rank: int, master: str, backend: str = "cpu"):
+    """The worker takes the backend from the master; `backend` is for the reader."""
     import os
     import subprocess
     import sys

@@ -58,6 +58,22 @@ def library_path() -> pathlib.Path:
     )
 
 
+def _point_at_nccl() -> None:
+    """The library dlopens libnccl.so.2; where only the nvidia-nccl wheel provides it, say where."""
+    if "TRELLISFORGE_NCCL" in os.environ:
+        return
+    try:
+        import nvidia.nccl  # the nvidia-nccl-cu* wheel
+    except ImportError:
+        return
+    for base in getattr(nvidia.nccl, "__path__", []):
+        candidate = pathlib.Path(base) / "lib" / "libnccl.so.2"
+        if candidate.is_file():
+            os.environ["TRELLISFORGE_NCCL"] = str(candidate)
+            return
+
+
+_point_at_nccl()
 ffi = cffi.FFI()
 ffi.cdef(_header_text())
 lib = ffi.dlopen(str(library_path()))

@@ -8,22 +8,41 @@ const std = @import("std");
 const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const tcp = @import("../dist/tcp.zig");
+const nccl_mod = @import("../dist/nccl.zig");
 const KvCache = @import("kv_cache.zig").KvCache;
 const Diagnostic = core.Diagnostic;
 
-pub const Error = glm.shard.Error || tcp.Error;
+pub const Error = glm.shard.Error || tcp.Error || glm.cuda_exl3.Error || nccl_mod.Error;
+
+pub const Collective = enum(u32) {
+    /// The all-reduce through rank 0 over the plan's sockets; on GPUs the partials are staged
+    /// through host memory. Works anywhere, also for several ranks sharing one GPU.
+    tcp = 0,
+    /// NCCL on the GPUs' stream (one GPU per rank).
+    nccl = 1,
+};
 
 pub const ranks_max = 16;
 pub const peer_timeout_s: u32 = 120;
 
 pub const Shape = extern struct {
     world: u32,
+    backend: u32, // 0 cpu, 1 cuda
+    collective: u32, // Collective
     rows_max: u32,
     context_max: u32,
     pages: u32,
     page_tokens: u32,
     pages_per_sequence: u32,
+    logits_rows_max: u32,
 };
+
+/// GPU of this host for `rank`: TRELLISFORGE_GPU when set, else the rank (one GPU per rank on a
+/// multi-GPU host; on single-GPU nodes set TRELLISFORGE_GPU=0).
+fn gpuOrdinal(rank: usize) u32 {
+    if (std.c.getenv("TRELLISFORGE_GPU")) |text| return std.fmt.parseInt(u32, std.mem.span(text), 10) catch 0;
+    return @intCast(rank);
+}
 
 const Header = extern struct {
     kind: u32, // 1 forward, 2 shutdown
@@ -42,9 +61,13 @@ pub const Rank = struct {
     weights: glm.Weights,
     cache: KvCache,
     scratch: glm.forward_cpu.Scratch,
+    gpu: ?*glm.cuda_exl3.GpuModel,
+    nccl: ?nccl_mod.Nccl,
+    comm: nccl_mod.Comm,
     peers: [ranks_max]tcp.Connection, // rank 0: peers[r - 1] is rank r
     master: tcp.Connection, // rank > 0
     partials: []f32,
+    host_values: []f32, // the second half of `partials`: a GPU rank's staged partial
     plan: []u32,
     tables: [][]const u32,
     failure: ?Diagnostic,
@@ -55,6 +78,11 @@ pub const Rank = struct {
         errdefer self.deinit();
         try tcp.acceptPeers(host, port, self.peers[0 .. shape.world - 1], peer_timeout_s, diag);
         for (self.peers[0 .. shape.world - 1]) |*peer| try peer.sendValue(shape, diag);
+        if (shape.collective == @intFromEnum(Collective.nccl)) {
+            const id = try self.nccl.?.uniqueId(diag);
+            for (self.peers[0 .. shape.world - 1]) |*peer| try peer.sendValue(id, diag);
+            self.comm = try self.nccl.?.initRank(shape.world, 0, id, diag);
+        }
         return self;
     }
 
@@ -69,6 +97,11 @@ pub const Rank = struct {
         }
         const self = try init(gpa, full, shape, rank, diag);
         self.master = master;
+        errdefer self.deinit();
+        if (shape.collective == @intFromEnum(Collective.nccl)) {
+            const id = try master.recvValue(nccl_mod.UniqueId, diag);
+            self.comm = try self.nccl.?.initRank(shape.world, rank, id, diag);
+        }
         return self;
     }
 
@@ -79,20 +112,39 @@ pub const Rank = struct {
         self.rank = rank;
         self.shape = shape;
         self.failure = null;
+        self.gpu = null;
+        self.nccl = null;
+        self.comm = null;
         self.master = .{ .fd = -1 };
         for (&self.peers) |*p| p.* = .{ .fd = -1 };
         self.weights = try glm.shard.shard(gpa, full, shape.world, rank, diag);
         errdefer self.weights.deinit(gpa);
         const c = self.weights.config;
-        self.cache = try KvCache.init(gpa, .{ .layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .page_tokens = shape.page_tokens, .pages = shape.pages }, true);
+        const on_gpu = shape.backend == 1;
+        self.cache = try KvCache.init(gpa, .{ .layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .page_tokens = shape.page_tokens, .pages = shape.pages }, !on_gpu);
         errdefer self.cache.deinit(gpa);
         self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
         errdefer self.scratch.deinit();
-        self.partials = try gpa.alloc(f32, shape.rows_max * c.hidden_size);
+        self.partials = try gpa.alloc(f32, 2 * shape.rows_max * c.hidden_size);
         errdefer gpa.free(self.partials);
+        self.host_values = self.partials[shape.rows_max * c.hidden_size ..];
         self.plan = try gpa.alloc(u32, 4 * shape.rows_max + shape.rows_max * shape.pages_per_sequence);
         errdefer gpa.free(self.plan);
         self.tables = try gpa.alloc([]const u32, shape.rows_max);
+        errdefer gpa.free(self.tables);
+        if (on_gpu) {
+            self.gpu = try glm.cuda_exl3.GpuModel.init(gpa, &self.weights, .{
+                .device = gpuOrdinal(rank),
+                .rows_max = shape.rows_max,
+                .logits_rows_max = shape.logits_rows_max,
+                .context_max = shape.context_max,
+                .pages = shape.pages,
+                .page_tokens = shape.page_tokens,
+                .pages_per_sequence = shape.pages_per_sequence,
+            }, diag);
+        }
+        errdefer if (self.gpu) |g| g.deinit();
+        if (shape.collective == @intFromEnum(Collective.nccl)) self.nccl = try nccl_mod.Nccl.open(diag);
         return self;
     }
 
@@ -107,6 +159,9 @@ pub const Rank = struct {
                 }
             }
         } else if (self.master.fd >= 0) self.master.close();
+        if (self.comm != null) _ = self.nccl.?.api.ncclCommDestroy(self.comm);
+        if (self.nccl) |*n| n.close();
+        if (self.gpu) |g| g.deinit();
         gpa.free(self.tables);
         gpa.free(self.plan);
         gpa.free(self.partials);
@@ -172,11 +227,32 @@ pub const Rank = struct {
 
     fn run(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
         var context: ReduceContext = .{ .self = self, .diag = diag, .failed = false };
+        if (self.gpu) |model| {
+            model.forwardRank(batch, logits, .{ .context = &context, .sum = reduceGpu }, diag) catch |err| {
+                if (self.rank == 0) self.failure = diag.*;
+                return if (context.failed) error.NetworkFailed else err;
+            };
+            return;
+        }
         glm.forward_cpu.forwardRank(&self.weights, &self.cache, batch, &self.scratch, logits, .{ .context = &context, .sum = reduce });
         if (context.failed) {
             if (self.rank == 0) self.failure = diag.*;
             return error.NetworkFailed;
         }
+    }
+
+    /// The GPU all-reduce: NCCL on the device, or the TCP one staged through host memory.
+    fn reduceGpu(opaque_context: *anyopaque, model: *glm.cuda_exl3.GpuModel, buffer: u64, count: usize, diag: *Diagnostic) anyerror!void {
+        const context: *ReduceContext = @ptrCast(@alignCast(opaque_context));
+        const self = context.self;
+        if (self.comm != null) {
+            return self.nccl.?.allReduceSum(self.comm, buffer, count, .float32, @ptrCast(model.gpu.stream), diag);
+        }
+        const staged = self.host_values[0..count];
+        try model.gpu.download(std.mem.sliceAsBytes(staged), buffer, diag);
+        reduce(opaque_context, staged);
+        if (context.failed) return error.NetworkFailed;
+        try model.gpu.upload(buffer, std.mem.sliceAsBytes(staged), diag);
     }
 
     /// The all-reduce: workers send their partial and receive the sum; rank 0 sums in rank order.

@@ -137,7 +137,7 @@ pub const Engine = struct {
         try engine.allocPlan();
         errdefer engine.plan_arena.deinit();
         engine.gpu_model = null;
-        if (p.backend == @intFromEnum(Backend.cuda)) {
+        if (p.backend == @intFromEnum(Backend.cuda) and master == null) {
             engine.gpu_model = try glm.cuda_exl3.GpuModel.init(gpa, &engine.weights, .{
                 .rows_max = p.rows_max,
                 .logits_rows_max = engine.logits_rows_max,
@@ -151,12 +151,15 @@ pub const Engine = struct {
         engine.tensor_parallel = null;
         engine.distributed_rank = null;
         if (master) |m| {
-            if (p.tp_world < 2 or p.backend != @intFromEnum(Backend.cpu)) {
-                diag.set("a tensor-parallel master needs tp_world >= 2 and, in this build, the cpu backend", .{});
+            if (p.tp_world < 2) {
+                diag.set("a tensor-parallel master needs tp_world >= 2", .{});
                 return error.InvalidArgument;
             }
             engine.distributed_rank = try distributed.Rank.initMaster(gpa, &engine.weights, .{
                 .world = p.tp_world,
+                .backend = @intCast(p.backend),
+                .collective = @intFromEnum(tpCollective(p)),
+                .logits_rows_max = @intCast(engine.logits_rows_max),
                 .rows_max = p.rows_max,
                 .context_max = p.context_tokens_max,
                 .pages = p.kv_pages,
@@ -525,6 +528,14 @@ pub const Engine = struct {
         }
     }
 };
+
+/// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or no
+/// NCCL); the CPU backend always reduces over TCP.
+fn tpCollective(p: Params) distributed.Collective {
+    if (p.backend != @intFromEnum(Backend.cuda)) return .tcp;
+    const choice = std.c.getenv("TRELLISFORGE_TP_COLLECTIVE") orelse return .nccl;
+    return if (std.mem.eql(u8, std.mem.span(choice), "tcp")) .tcp else .nccl;
+}
 
 /// A worker rank (> 0) of a multi-process tensor-parallel group: loads its shard of `model_dir`,
 /// joins the master, and runs the forwards it is sent until the master shuts down.

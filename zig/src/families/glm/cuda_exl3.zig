@@ -50,6 +50,8 @@ const GpuBlock = struct {
 };
 
 pub const Limits = struct {
+    /// Which GPU of this machine (tensor-parallel ranks on one host use one each).
+    device: u32 = 0,
     rows_max: usize,
     logits_rows_max: usize,
     context_max: usize,
@@ -113,7 +115,7 @@ pub const GpuModel = struct {
         model.config = weights.config;
         model.limits = limits;
         model.allocations = .empty;
-        model.gpu = try cuda.Gpu.open(0, diag);
+        model.gpu = try cuda.Gpu.open(limits.device, diag);
         errdefer model.gpu.close();
         errdefer model.freeAll();
         model.module = try K.load(&model.gpu, diag);
@@ -322,8 +324,20 @@ pub const GpuModel = struct {
         try model.gpu.upload(model.expert_rows, std.mem.sliceAsBytes(model.host_expert_rows), diag);
     }
 
+    /// Sums a rank's partial outputs across tensor-parallel ranks, in place on the device.
+    pub const Reduce = struct {
+        context: *anyopaque,
+        sum: *const fn (context: *anyopaque, model: *GpuModel, buffer: Ptr, count: usize, diag: *Diagnostic) anyerror!void,
+    };
+
     /// The same contract as forward_cpu.forward; the KV cache is this model's device cache.
     pub fn forward(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
+        return model.forwardRank(batch, logits, null, diag);
+    }
+
+    /// With `reduce`, the model is one rank's shard: the partial o_proj and FFN outputs are summed
+    /// across ranks before each residual add.
+    pub fn forwardRank(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const c = model.config;
         const rows = batch.rows();
         std.debug.assert(rows >= 1 and rows <= model.limits.rows_max);
@@ -334,12 +348,14 @@ pub const GpuModel = struct {
         for (model.blocks, 0..) |*block, layer| {
             try k.rmsnorm(model.hidden, block.input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
             try model.attention(k, block, layer, rows);
+            if (reduce) |r| r.sum(r.context, model, model.projected, rows * c.hidden_size, diag) catch return error.CudaFailed;
             try k.add(model.hidden, model.projected, rows * c.hidden_size);
             try k.rmsnorm(model.hidden, block.post_attention_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
             switch (block.ffn) {
                 .dense => |*mlp| try model.runMlp(k, mlp, model.normed, model.ffn_out, rows),
                 .moe => |*moe| try model.runMoe(k, moe, rows),
             }
+            if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * c.hidden_size, diag) catch return error.CudaFailed;
             try k.add(model.hidden, model.ffn_out, rows * c.hidden_size);
         }
         const wanted = batch.logits_rows.len;
