@@ -23,7 +23,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(*args: str, env: dict | None = None, timeout_s: float = 60.0):
     port = free_port()
-    environment = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1", **(env or {})}
+    python_path = os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen([sys.executable, "-m", "server", "--port", str(port), *args], cwd=ROOT,
                                env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

@@ -74,7 +74,8 @@ def start_worker(directory, rank: int, master: str, backend: str = "cpu"):
     import sys
     from conftest import ROOT
     return subprocess.Popen([sys.executable, "-c", WORKER, str(directory), str(rank), master], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "python")}, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
