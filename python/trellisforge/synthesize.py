@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -48,6 +49,22 @@ def split_units(size: int, world: int, rank: int) -> int:
 
 
 def shape_config(name: str) -> dict:
+    """`SHAPE[-tp2-rankR][-NNl]`: a named shape, optionally one rank's TP=2 slice, optionally cut to
+    NN layers (the first_k_dense_replace dense ones first) for benchmarks of a few full-size layers."""
+    layers = None
+    cut = re.search(r"-(\d+)l$", name)
+    if cut:
+        layers, name = int(cut.group(1)), name[: cut.start()]
+    config = _shape_config(name)
+    if layers is not None:
+        if not 1 <= layers <= config["num_hidden_layers"]:
+            raise ValueError(f"a cut to {layers} layers is outside 1..{config['num_hidden_layers']}")
+        config["num_hidden_layers"] = layers
+        config["first_k_dense_replace"] = min(config["first_k_dense_replace"], layers)
+    return config
+
+
+def _shape_config(name: str) -> dict:
     base, _, tp = name.partition("-tp2-rank")
     if base not in BASE_SHAPES or (tp and tp not in ("0", "1")):
         raise ValueError(f"unknown shape '{name}'; known: {', '.join(shape_names())}")
@@ -167,7 +184,7 @@ def synthesize(shape: str, out_dir, bits: int = 3, head_bits: int = 6, codebook:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trellisforge.synthesize", description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", choices=shape_names())
+    parser.add_argument("shape", help=f"one of {', '.join(shape_names())}, optionally with -NNl (first NN layers)")
     parser.add_argument("out_dir")
     parser.add_argument("--bits", type=int, default=3, choices=range(1, 9))
     parser.add_argument("--head-bits", type=int, default=6, choices=range(1, 9))

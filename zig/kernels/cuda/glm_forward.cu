@@ -126,51 +126,96 @@ extern "C" __global__ void tf_exl3_rotate_in(const float* __restrict__ x, const 
     for (int i = 0; i < 4; ++i) xr[static_cast<size_t>(item) * k_p + chunk * kHadamard + 4 * lane + i] = v[i];
 }
 
-// acc[item, :] = xr[item, :] · Wq. One 256-thread block per (tile column, item): each thread decodes
-// one weight of each 16x16 tile into shared memory, then 16 threads (one per column) sum down the
-// tile rows in k order.
-extern "C" __global__ void __launch_bounds__(256) tf_exl3_matmul(const float* __restrict__ xr, const int* __restrict__ layer_of_item,
-                                                                 const Exl3Layer* __restrict__ layers, float* __restrict__ acc,
-                                                                 int items, int k_p, int n_p, int bits2, int codebook) {
-    __shared__ uint32_t ring_sh[64];
-    __shared__ float tile_sh[256];
-    const int tile_column = blockIdx.x;
-    const int item = blockIdx.y;
-    if (item >= items) return;
-    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
+// partial[split, item, :] = xr[item, rows of the split] · Wq[rows of the split, :].
+// One warp per 16-column tile column (4 per block), one block per (tile-column group, split, item).
+// Lane t decodes trellis positions 8t..8t+7 of each tile, which sit in the mma.m16n8k16 B-fragment
+// places (EXL3.md §4): rows 2(t%4)+{0,1,8,9}, columns t/4 and t/4+8; it fetches the few ring words
+// its states span from the lanes that loaded them. The four lanes of a column sum in a fixed tree,
+// tile rows in ascending order, so each output is the same sum for any number of items.
+constexpr int kGemvWarps = 4;
+
+extern "C" __global__ void __launch_bounds__(128) tf_exl3_gemv(const float* __restrict__ xr, const int* __restrict__ layer_of_item,
+                                                              const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
+                                                              int items, int k_p, int n_p, int bits2, int codebook,
+                                                              int tiles_per_split) {
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    const int tile_column = blockIdx.x * kGemvWarps + warp;
+    const int split = blockIdx.y;
+    const int item = blockIdx.z;
     const int tile_columns = n_p / 16;
-    const int words_per_tile = 8 * bits2;
+    if (item >= items || tile_column >= tile_columns) return;
+    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
+    const int ring_words = 4 * bits2;  // uint32 words per tile
+    const uint32_t ring_bits = 32u * ring_words;
+    const int tile_rows = k_p / 16;
+    const int first = split * tiles_per_split;
+    const int last = min(tile_rows, first + tiles_per_split);
     const float* x = xr + static_cast<size_t>(item) * k_p;
-    float sum = 0.f;
-    const int column = threadIdx.x;  // threads 0..15 own a column
-    for (int tile_row = 0; tile_row < k_p / 16; ++tile_row) {
-        const uint16_t* tile_gl = layer.words + (static_cast<size_t>(tile_row) * tile_columns + tile_column) * words_per_tile;
-        if (threadIdx.x < 4 * bits2) {
-            ring_sh[threadIdx.x] = static_cast<uint32_t>(tile_gl[2 * threadIdx.x]) | (static_cast<uint32_t>(tile_gl[2 * threadIdx.x + 1]) << 16);
+    const int quad = lane % 4;
+    const int row_base = 2 * quad;
+    float acc0 = 0.f, acc1 = 0.f;
+    for (int tile_row = first; tile_row < last; ++tile_row) {
+        const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words + (static_cast<size_t>(tile_row) * tile_columns + tile_column) * (8 * bits2));
+        // Loaded once per tile by the warp, coalesced; ring_words <= 64.
+        const uint32_t word_a = lane < ring_words ? ring[lane] : 0u;
+        const uint32_t word_b = lane + kWarp < ring_words ? ring[lane + kWarp] : 0u;
+        const uint32_t first_bit = tf::end_bit(bits2, 8 * lane) + ring_bits - 16;
+        const uint32_t first_word = first_bit >> 5;
+        uint32_t words[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int index = static_cast<int>((first_word + j) % ring_words);
+            const uint32_t from_a = __shfl_sync(0xFFFFFFFFu, word_a, index % kWarp);
+            const uint32_t from_b = __shfl_sync(0xFFFFFFFFu, word_b, index % kWarp);
+            words[j] = index < kWarp ? from_a : from_b;
         }
-        __syncthreads();
-        const uint32_t state = tf::state_at(ring_sh, bits2, threadIdx.x);
-        tile_sh[tf::tile_element(threadIdx.x)] = __half2float(tf::decode_state(state, codebook));
-        __syncthreads();
-        if (column < 16) {
-            for (int r = 0; r < 16; ++r) sum = fmaf(x[tile_row * 16 + r], tile_sh[r * 16 + column], sum);
+        // A run-time index would put `words` in local memory: select among the registers instead.
+        const auto word_at = [&](uint32_t j) { return j == 0 ? words[0] : j == 1 ? words[1] : j == 2 ? words[2] : words[3]; };
+        const float* xs = x + tile_row * 16 + row_base;
+        const float x0 = xs[0], x1 = xs[1], x8 = xs[8], x9 = xs[9];
+        float w[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const uint32_t end = tf::end_bit(bits2, 8 * lane + e) + ring_bits;
+            const uint32_t high = word_at(((end - 16) >> 5) - first_word);
+            const uint32_t low = word_at(((end - 1) >> 5) - first_word);
+            const uint32_t shift = 32u * (((end - 1) >> 5) + 1) - end;
+            const uint32_t state = static_cast<uint32_t>(((static_cast<uint64_t>(high) << 32) | low) >> shift) & 0xFFFFu;
+            w[e] = __half2float(tf::decode_state(state, codebook));
         }
-        __syncthreads();
+        acc0 = fmaf(x0, w[0], acc0); acc0 = fmaf(x1, w[1], acc0); acc0 = fmaf(x8, w[2], acc0); acc0 = fmaf(x9, w[3], acc0);
+        acc1 = fmaf(x0, w[4], acc1); acc1 = fmaf(x1, w[5], acc1); acc1 = fmaf(x8, w[6], acc1); acc1 = fmaf(x9, w[7], acc1);
     }
-    if (column < 16) acc[static_cast<size_t>(item) * n_p + tile_column * 16 + column] = sum;
+    // The four lanes of a column quad hold its four row groups: a fixed two-step tree.
+    acc0 += __shfl_xor_sync(0xFFFFFFFFu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xFFFFFFFFu, acc1, 1);
+    acc0 += __shfl_xor_sync(0xFFFFFFFFu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xFFFFFFFFu, acc1, 2);
+    if (quad == 0) {
+        float* out = partial + (static_cast<size_t>(split) * items + item) * n_p + tile_column * 16 + lane / 4;
+        out[0] = acc0;
+        out[8] = acc1;
+    }
 }
 
-// y[item] = H128(acc[item]) ⊙ svh + bias, trimmed to out_features. One warp per 128-chunk.
-extern "C" __global__ void tf_exl3_rotate_out(const float* __restrict__ acc, const int* __restrict__ layer_of_item,
+// y[item] = H128(Σ_split partial[split, item]) ⊙ svh + bias, trimmed to out_features; the splits
+// are summed in ascending order. One warp per 128-chunk.
+extern "C" __global__ void tf_exl3_rotate_out(const float* __restrict__ partial, const int* __restrict__ layer_of_item,
                                               const Exl3Layer* __restrict__ layers, float* __restrict__ y,
-                                              int items, int n_p, int out_features) {
+                                              int items, int n_p, int out_features, int splits) {
     const int item = blockIdx.y;
     const int chunk = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     if (item >= items || chunk * kHadamard >= n_p) return;
     const int lane = threadIdx.x % kWarp;
     const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
     float v[4];
-    for (int i = 0; i < 4; ++i) v[i] = acc[static_cast<size_t>(item) * n_p + chunk * kHadamard + 4 * lane + i];
+    for (int i = 0; i < 4; ++i) {
+        float sum = 0.f;
+        for (int split = 0; split < splits; ++split)
+            sum += partial[(static_cast<size_t>(split) * items + item) * n_p + chunk * kHadamard + 4 * lane + i];
+        v[i] = sum;
+    }
     hadamard128(v);
     for (int i = 0; i < 4; ++i) {
         const int n = chunk * kHadamard + 4 * lane + i;

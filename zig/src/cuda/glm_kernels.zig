@@ -10,7 +10,7 @@ const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
     "tf_embed",          "tf_rmsnorm",         "tf_add",         "tf_swiglu",       "tf_gather_rows",
-    "tf_exl3_rotate_in", "tf_exl3_matmul",     "tf_exl3_rotate_out", "tf_dense_matmul", "tf_qk_rope_store",
+    "tf_exl3_rotate_in", "tf_exl3_gemv",     "tf_exl3_rotate_out", "tf_dense_matmul", "tf_qk_rope_store",
     "tf_attention",      "tf_route",           "tf_moe_combine",
 });
 
@@ -28,6 +28,16 @@ pub const Exl3Layer = extern struct {
 
 comptime {
     std.debug.assert(@sizeOf(Exl3Layer) == 32);
+}
+
+/// Tile rows per split of the GEMV's k loop: at least 16 (256 input channels), at most 8 splits.
+/// A function of the shape alone, so a row's sum does not depend on how many rows are batched.
+pub fn tilesPerSplit(k_p: usize) usize {
+    return @max(16, std.math.divCeil(usize, k_p / 16, 8) catch unreachable);
+}
+
+pub fn splitsFor(k_p: usize) usize {
+    return std.math.divCeil(usize, k_p / 16, tilesPerSplit(k_p)) catch unreachable;
 }
 
 pub const Kernels = struct {
@@ -75,7 +85,7 @@ pub const Kernels = struct {
         layer_of_item: Ptr, // 0: every item uses table entry 0
         table: Ptr, // Exl3Layer[]
         xr: Ptr, // scratch (items, k_p)
-        acc: Ptr, // scratch (items, n_p)
+        acc: Ptr, // scratch (splitsFor(k_p), items, n_p) partial sums
         y: Ptr, // (items, out_features)
         items: usize,
         in_features: usize,
@@ -86,8 +96,8 @@ pub const Kernels = struct {
         codebook: u8,
     };
 
-    /// Three launches: rotate in (a warp per 128-chunk, 8 per block), the trellis matmul (a block
-    /// per 16-column tile column and item), rotate out.
+    /// Three launches: rotate in (a warp per 128-chunk, 8 per block), the trellis GEMV (a warp per
+    /// tile column, 4 per block, split along k by the shape alone), rotate out (sums the splits).
     pub fn exl3Linear(k: Kernels, c: Exl3Call) Error!void {
         const items: c_int = @intCast(c.items);
         const in_features: c_int = @intCast(c.in_features);
@@ -99,7 +109,7 @@ pub const Kernels = struct {
         var r_in = .{ c.x, c.source_rows, c.layer_of_item, c.table, c.xr, items, in_features, k_p };
         try k.run("tf_exl3_rotate_in", .{ blocks(c.k_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_in[0], &r_in[1], &r_in[2], &r_in[3], &r_in[4], &r_in[5], &r_in[6], &r_in[7] });
         var mm = .{ c.xr, c.layer_of_item, c.table, c.acc, items, k_p, n_p, bits2, codebook };
-        try k.run("tf_exl3_matmul", .{ @intCast(c.n_p / 16), @intCast(c.items), 1 }, 256, .{ &mm[0], &mm[1], &mm[2], &mm[3], &mm[4], &mm[5], &mm[6], &mm[7], &mm[8] });
+        try k.run("tf_exl3_gemv", .{ @intCast(c.n_p / 16), @intCast(c.items), 1 }, 256, .{ &mm[0], &mm[1], &mm[2], &mm[3], &mm[4], &mm[5], &mm[6], &mm[7], &mm[8] });
         var r_out = .{ c.acc, c.layer_of_item, c.table, c.y, items, n_p, out_features };
         try k.run("tf_exl3_rotate_out", .{ blocks(c.n_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_out[0], &r_out[1], &r_out[2], &r_out[3], &r_out[4], &r_out[5], &r_out[6] });
     }

@@ -302,7 +302,7 @@ pub const GpuModel = struct {
         model.items_out = try model.alloc(items * c.hidden_size * f, diag);
         model.shared_out = try model.alloc(rows * c.hidden_size * f, diag);
         model.xr = try model.alloc(@max(items, l.logits_rows_max) * padded_max * f, diag);
-        model.acc = try model.alloc(@max(items, l.logits_rows_max) * padded_max * f, diag);
+        model.acc = try model.alloc(8 * @max(items, l.logits_rows_max) * padded_max * f, diag); // up to 8 k-splits
         // Attention scores: (rows, heads, context) would be large at long contexts; the kernel
         // runs over row chunks that fit 256 MiB.
         const per_row = c.heads * l.context_max * f;
