@@ -108,10 +108,12 @@ pub const Kernels = struct {
         const codebook: c_int = c.codebook;
         var r_in = .{ c.x, c.source_rows, c.layer_of_item, c.table, c.xr, items, in_features, k_p };
         try k.run("tf_exl3_rotate_in", .{ blocks(c.k_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_in[0], &r_in[1], &r_in[2], &r_in[3], &r_in[4], &r_in[5], &r_in[6], &r_in[7] });
-        var mm = .{ c.xr, c.layer_of_item, c.table, c.acc, items, k_p, n_p, bits2, codebook };
-        try k.run("tf_exl3_gemv", .{ @intCast(c.n_p / 16), @intCast(c.items), 1 }, 256, .{ &mm[0], &mm[1], &mm[2], &mm[3], &mm[4], &mm[5], &mm[6], &mm[7], &mm[8] });
-        var r_out = .{ c.acc, c.layer_of_item, c.table, c.y, items, n_p, out_features };
-        try k.run("tf_exl3_rotate_out", .{ blocks(c.n_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_out[0], &r_out[1], &r_out[2], &r_out[3], &r_out[4], &r_out[5], &r_out[6] });
+        const tiles_per_split: c_int = @intCast(tilesPerSplit(c.k_p));
+        const splits: c_int = @intCast(splitsFor(c.k_p));
+        var mm = .{ c.xr, c.layer_of_item, c.table, c.acc, items, k_p, n_p, bits2, codebook, tiles_per_split };
+        try k.run("tf_exl3_gemv", .{ blocks(c.n_p / 16, 4), @intCast(splits), @intCast(c.items) }, 128, .{ &mm[0], &mm[1], &mm[2], &mm[3], &mm[4], &mm[5], &mm[6], &mm[7], &mm[8], &mm[9] });
+        var r_out = .{ c.acc, c.layer_of_item, c.table, c.y, items, n_p, out_features, splits };
+        try k.run("tf_exl3_rotate_out", .{ blocks(c.n_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_out[0], &r_out[1], &r_out[2], &r_out[3], &r_out[4], &r_out[5], &r_out[6], &r_out[7] });
     }
 
     /// A warp per (row, output), 8 warps per block.

@@ -176,6 +176,10 @@ pub const Launch = struct {
 pub fn launch(gpu: *const Gpu, function: driver_api.Function, config: Launch, args: anytype, what: []const u8, diag: *Diagnostic) Error!void {
     var params: [args.len]?*const anyopaque = undefined;
     inline for (args, 0..) |arg, i| params[i] = @ptrCast(arg);
+    var what_buffer: [160]u8 = undefined;
+    const described = std.fmt.bufPrint(&what_buffer, "{s} (grid {d}x{d}x{d}, block {d})", .{
+        what, config.grid[0], config.grid[1], config.grid[2], config.block[0],
+    }) catch what;
     try gpu.driver.check(gpu.driver.api.cuLaunchKernel(
         function,
         config.grid[0],
@@ -188,5 +192,5 @@ pub fn launch(gpu: *const Gpu, function: driver_api.Function, config: Launch, ar
         gpu.stream,
         &params,
         null,
-    ), what, diag);
+    ), described, diag);
 }
