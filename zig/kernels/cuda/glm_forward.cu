@@ -375,8 +375,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(const float* __restri
         }
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    if (groups > 1) {
+    if (groups > 1 && threadIdx.x == 0) {
         const int per_group = experts / groups;
         unsigned long long keep = 0;  // groups <= 64 here
         for (int pick = 0; pick < groups_per_token; ++pick) {
@@ -396,16 +395,40 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(const float* __restri
             if (!(keep & (1ull << g)))
                 for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = 0.f;
     }
+    __syncthreads();
+    // Top-k, one slot at a time: every thread scans its experts, then the block keeps the highest
+    // score, the lowest index on a tie (the CPU router's rule). Taken experts are marked in `choice`
+    // by -inf after their slot.
+    __shared__ float best_score_sh[8];
+    __shared__ int best_index_sh[8];
     int* chosen = experts_out + static_cast<size_t>(row) * top_k;
     for (int slot = 0; slot < top_k; ++slot) {
-        int best = -1;
-        for (int e = 0; e < experts; ++e) {
-            bool taken = false;
-            for (int j = 0; j < slot; ++j) taken |= chosen[j] == e;
-            if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
+        float best_score = -INFINITY;
+        int best = experts;
+        for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+            const float c = choice[e];
+            if (c > best_score || (c == best_score && e < best)) { best_score = c; best = e; }
         }
-        chosen[slot] = best;
+        for (int offset = 16; offset > 0; offset /= 2) {
+            const float other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, offset);
+            const int other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
+            if (other_score > best_score || (other_score == best_score && other < best)) { best_score = other_score; best = other; }
+        }
+        if (lane == 0) { best_score_sh[warp] = best_score; best_index_sh[warp] = best; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < 8; ++w) {
+                if (best_score_sh[w] > best_score_sh[0] || (best_score_sh[w] == best_score_sh[0] && best_index_sh[w] < best_index_sh[0])) {
+                    best_score_sh[0] = best_score_sh[w];
+                    best_index_sh[0] = best_index_sh[w];
+                }
+            }
+            chosen[slot] = best_index_sh[0];
+            choice[best_index_sh[0]] = -INFINITY;
+        }
+        __syncthreads();
     }
+    if (threadIdx.x != 0) return;
     for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
         for (int j = i; j > 0 && chosen[j - 1] > chosen[j]; --j) { const int t = chosen[j]; chosen[j] = chosen[j - 1]; chosen[j - 1] = t; }
     float total = 0.f;

@@ -30,10 +30,13 @@ comptime {
     std.debug.assert(@sizeOf(Exl3Layer) == 32);
 }
 
-/// Tile rows per split of the GEMV's k loop: at least 16 (256 input channels), at most 8 splits.
-/// A function of the shape alone, so a row's sum does not depend on how many rows are batched.
+/// Tile rows per split of the GEMV's k loop: 16 (256 input channels), so that decode has enough
+/// warps in flight (a profile of a GLM-4.5-Air layer on the H200 showed 96-tile chains serializing
+/// o_proj). A function of the shape alone, so a row's sum does not depend on how many rows are
+/// batched.
 pub fn tilesPerSplit(k_p: usize) usize {
-    return @max(16, std.math.divCeil(usize, k_p / 16, 8) catch unreachable);
+    _ = k_p;
+    return 16;
 }
 
 pub fn splitsFor(k_p: usize) usize {

@@ -302,7 +302,7 @@ pub const GpuModel = struct {
         model.items_out = try model.alloc(items * c.hidden_size * f, diag);
         model.shared_out = try model.alloc(rows * c.hidden_size * f, diag);
         model.xr = try model.alloc(@max(items, l.logits_rows_max) * padded_max * f, diag);
-        model.acc = try model.alloc(8 * @max(items, l.logits_rows_max) * padded_max * f, diag); // up to 8 k-splits
+        model.acc = try model.alloc(model.partialsNeeded() * f, diag);
         // Attention scores: (rows, heads, context) would be large at long contexts; the kernel
         // runs over row chunks that fit 256 MiB.
         const per_row = c.heads * l.context_max * f;
@@ -329,6 +329,41 @@ pub const GpuModel = struct {
         context: *anyopaque,
         sum: *const fn (context: *anyopaque, model: *GpuModel, buffer: Ptr, count: usize, diag: *Diagnostic) anyerror!void,
     };
+
+    /// Floats of GEMV partial sums the largest call needs: splits(k_p) x items x n_p.
+    fn partialsNeeded(model: *const GpuModel) usize {
+        const c = model.config;
+        const l = model.limits;
+        var need: usize = 0;
+        const Need = struct {
+            fn of(linear: *const GpuLinear, items: usize) usize {
+                return switch (linear.kind) {
+                    .exl3 => |e| K.splitsFor(e.k_p) * items * e.n_p,
+                    .dense => 0,
+                };
+            }
+            fn grouped(g: GroupedLinear, items: usize) usize {
+                return K.splitsFor(g.k_p) * items * g.n_p;
+            }
+        };
+        need = @max(need, Need.of(&model.lm_head, l.logits_rows_max));
+        for (model.blocks) |*block| {
+            for ([_]*const GpuLinear{ &block.q, &block.k, &block.v, &block.o }) |linear| need = @max(need, Need.of(linear, l.rows_max));
+            switch (block.ffn) {
+                .dense => |*mlp| for ([_]*const GpuLinear{ &mlp.gate, &mlp.up, &mlp.down }) |linear| {
+                    need = @max(need, Need.of(linear, l.rows_max));
+                },
+                .moe => |*moe| {
+                    const items = l.rows_max * c.experts_per_token;
+                    need = @max(need, @max(Need.grouped(moe.gate, items), Need.grouped(moe.up, items), Need.grouped(moe.down, items)));
+                    if (moe.shared) |*mlp| for ([_]*const GpuLinear{ &mlp.gate, &mlp.up, &mlp.down }) |linear| {
+                        need = @max(need, Need.of(linear, l.rows_max));
+                    };
+                },
+            }
+        }
+        return @max(need, 1);
+    }
 
     /// The same contract as forward_cpu.forward; the KV cache is this model's device cache.
     pub fn forward(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
