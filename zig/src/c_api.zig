@@ -223,21 +223,16 @@ export fn tf_exl3_info_get(pointer: ?*const Handle, prefix: ?[*:0]const u8, out:
 }
 
 export fn tf_exl3_decode_trellis(pointer: ?*const Handle, prefix: ?[*:0]const u8, out: ?[*]align(1) u16, out_len: usize) Status {
-    const target = out orelse return fail(.invalid_argument, "out is null", .{});
-    return withLayer(pointer, prefix, .{ target, out_len }, struct {
-        fn body(layer: *const exl3.Layer, args: struct { [*]align(1) u16, usize }) Status {
-            const needed = layer.rows * layer.columns;
-            if (args[1] != needed) return fail(.invalid_argument, "out holds {d} values; the trellis decodes to {d}x{d} = {d}", .{ args[1], layer.rows, layer.columns, needed });
-            const inner = gpa.alloc(u16, needed) catch return fail(.out_of_memory, "out of memory", .{});
-            defer gpa.free(inner);
-            exl3.linear_cpu.decodeInner(layer, inner);
-            @memcpy(args[0][0..needed], inner);
-            return ok();
-        }
-    }.body);
+    return decodeTrellis(pointer, prefix, out, out_len, .cpu);
 }
 
 export fn tf_exl3_decode_trellis_cuda(pointer: ?*const Handle, prefix: ?[*:0]const u8, out: ?[*]align(1) u16, out_len: usize) Status {
+    return decodeTrellis(pointer, prefix, out, out_len, .cuda);
+}
+
+const DecodeOn = enum { cpu, cuda };
+
+fn decodeTrellis(pointer: ?*const Handle, prefix: ?[*:0]const u8, out: ?[*]align(1) u16, out_len: usize, comptime on: DecodeOn) Status {
     const target = out orelse return fail(.invalid_argument, "out is null", .{});
     return withLayer(pointer, prefix, .{ target, out_len }, struct {
         fn body(layer: *const exl3.Layer, args: struct { [*]align(1) u16, usize }) Status {
@@ -245,12 +240,17 @@ export fn tf_exl3_decode_trellis_cuda(pointer: ?*const Handle, prefix: ?[*:0]con
             if (args[1] != needed) return fail(.invalid_argument, "out holds {d} values; the trellis decodes to {d}x{d} = {d}", .{ args[1], layer.rows, layer.columns, needed });
             const inner = gpa.alloc(u16, needed) catch return fail(.out_of_memory, "out of memory", .{});
             defer gpa.free(inner);
-            var diag: core.Diagnostic = .{};
-            var gpu = tf.cuda.Gpu.open(0, &diag) catch |err| return failWith(err, &diag);
-            defer gpu.close();
-            var module = tf.cuda.exl3_decode.load(&gpu, &diag) catch |err| return failWith(err, &diag);
-            defer module.unload(&gpu);
-            tf.cuda.exl3_decode.decodeLayer(&gpu, &module, layer, inner, &diag) catch |err| return failWith(err, &diag);
+            switch (on) {
+                .cpu => exl3.linear_cpu.decodeInner(layer, inner),
+                .cuda => {
+                    var diag: core.Diagnostic = .{};
+                    var gpu = tf.cuda.Gpu.open(0, &diag) catch |err| return failWith(err, &diag);
+                    defer gpu.close();
+                    var module = tf.cuda.exl3_decode.load(&gpu, &diag) catch |err| return failWith(err, &diag);
+                    defer module.unload(&gpu);
+                    tf.cuda.exl3_decode.decodeLayer(&gpu, &module, layer, inner, &diag) catch |err| return failWith(err, &diag);
+                },
+            }
             @memcpy(args[0][0..needed], inner);
             return ok();
         }
@@ -354,31 +354,24 @@ fn engineOf(pointer: ?*EngineHandle) ?*Engine {
 }
 
 export fn tf_engine_create(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, out: ?*?*EngineHandle) Status {
-    const dir = model_dir orelse return fail(.invalid_argument, "model_dir is null", .{});
-    const target = out orelse return fail(.invalid_argument, "out is null", .{});
-    target.* = null;
-    const requested: engine_mod.Params = if (params) |p| p.* else .{};
-    var diag: core.Diagnostic = .{};
-    const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
-    const engine = Engine.init(gpa, std.mem.span(dir), requested, null, &diag) catch |err| {
-        gpa.destroy(handle);
-        return failWith(err, &diag);
-    };
-    handle.* = .{ .engine = engine };
-    target.* = handle;
-    return ok();
+    return createEngine(model_dir, params, null, 0, out);
 }
 
 /// Rank 0 of a multi-process tensor-parallel group: listens on host:port for tp_world - 1 workers.
 export fn tf_engine_create_tp_master(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, host: ?[*:0]const u8, port: u16, out: ?*?*EngineHandle) Status {
+    if (host == null) return fail(.invalid_argument, "host is null", .{});
+    return createEngine(model_dir, params, host, port, out);
+}
+
+fn createEngine(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, host: ?[*:0]const u8, port: u16, out: ?*?*EngineHandle) Status {
     const dir = model_dir orelse return fail(.invalid_argument, "model_dir is null", .{});
-    const host_z = host orelse return fail(.invalid_argument, "host is null", .{});
     const target = out orelse return fail(.invalid_argument, "out is null", .{});
     target.* = null;
     const requested: engine_mod.Params = if (params) |p| p.* else .{};
+    const master: ?engine_mod.Master = if (host) |h| .{ .host = std.mem.span(h), .port = port } else null;
     var diag: core.Diagnostic = .{};
     const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
-    const engine = Engine.init(gpa, std.mem.span(dir), requested, .{ .host = std.mem.span(host_z), .port = port }, &diag) catch |err| {
+    const engine = Engine.init(gpa, std.mem.span(dir), requested, master, &diag) catch |err| {
         gpa.destroy(handle);
         return failWith(err, &diag);
     };
