@@ -45,7 +45,7 @@ def base():
         yield url
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(endpoint=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
        body=st.fixed_dictionaries({}, optional=FIELDS) | JSON_VALUES)
 def test_no_request_gets_a_500(base, endpoint, body):
