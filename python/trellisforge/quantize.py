@@ -106,12 +106,28 @@ def plan(config: dict, tensors: dict[str, np.ndarray], bits: int, head_bits: int
     return Plan(linears=linears, copied=sorted(copied))
 
 
-def encode_tiles(values: np.ndarray, bits: int, codebook: str) -> np.ndarray:
+def encode_tiles(values: np.ndarray, bits: int, codebook: str, backend: str | None = None) -> np.ndarray:
+    """The Viterbi encoder (EXL3.md §11.5) on (tiles, 256) values. backend "cpu", "cuda", or None:
+    the GPU when one is usable (TRELLISFORGE_ENCODER=cpu forces the CPU); both give the same bits."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     states = np.empty(values.shape, dtype=np.uint16)
-    check(lib.tf_exl3_encode_tiles(ffi.cast("float *", values.ctypes.data), values.shape[0], bits, CODEBOOKS[codebook],
-                                   ffi.cast("uint16_t *", states.ctypes.data)))
+    if backend is None:
+        backend = "cuda" if os.environ.get("TRELLISFORGE_ENCODER", "auto") != "cpu" and _gpu_usable() else "cpu"
+    encode = lib.tf_exl3_encode_tiles_cuda if backend == "cuda" else lib.tf_exl3_encode_tiles
+    check(encode(ffi.cast("float *", values.ctypes.data), values.shape[0], bits, CODEBOOKS[codebook],
+                 ffi.cast("uint16_t *", states.ctypes.data)))
     return states
+
+
+_GPU_USABLE: bool | None = None
+
+
+def _gpu_usable() -> bool:
+    global _GPU_USABLE
+    if _GPU_USABLE is None:
+        from . import cuda_available
+        _GPU_USABLE = cuda_available()[0]
+    return _GPU_USABLE
 
 
 def pack_states(states: np.ndarray, bits: int) -> np.ndarray:

@@ -16,6 +16,7 @@ pub const kernels = [_]Kernel{
     // __hfma of the MUL1 codebook may fuse (EXL3.md §6.2).
     .{ .name = "exl3_decode", .flags = &.{"--fmad=false"} },
     .{ .name = "glm_forward" },
+    .{ .name = "exl3_encode" },
 };
 
 /// Every arch the kernels must build for and the contract registry covers.

@@ -89,6 +89,8 @@ tf_status tf_exl3_linear(const tf_checkpoint *checkpoint, const char *prefix,
 /* The Viterbi encoder, bit-identical to ExLlamaV3 1.6: values (tiles, 256) float32 in trellis
  * order -> states (tiles, 256) uint16. bits 1..8; codebook 0 = 3INST, 1 = MCG, 2 = MUL1. */
 tf_status tf_exl3_encode_tiles(const float *values, size_t tiles, uint32_t bits, int32_t codebook, uint16_t *states);
+/* The same encoder on the GPU, bit for bit; TF_ERR_CUDA when CUDA is unavailable. */
+tf_status tf_exl3_encode_tiles_cuda(const float *values, size_t tiles, uint32_t bits, int32_t codebook, uint16_t *states);
 /* States -> the stored int16 words (tiles, 16 * bits). */
 tf_status tf_exl3_pack_states(const uint16_t *states, size_t tiles, uint32_t bits, uint16_t *words);
 

@@ -314,6 +314,23 @@ export fn tf_exl3_encode_tiles(values: ?[*]const f32, tiles: usize, bits: u32, c
     return ok();
 }
 
+/// The same encoder on the GPU (tf_exl3_encode kernel): TF_ERR_CUDA when CUDA is unavailable.
+export fn tf_exl3_encode_tiles_cuda(values: ?[*]const f32, tiles: usize, bits: u32, codebook: i32, states: ?[*]u16) Status {
+    const source = values orelse return fail(.invalid_argument, "values is null", .{});
+    const target = states orelse return fail(.invalid_argument, "states is null", .{});
+    if (bits < exl3.encode.bits_min or bits > exl3.encode.bits_max) return fail(.unsupported, "the encoder takes K = 1..8 bits, not {d}", .{bits});
+    if (codebook < 0 or codebook > 2) return fail(.invalid_argument, "codebook {d} is not 0 (3INST), 1 (MCG) or 2 (MUL1)", .{codebook});
+    if (tiles == 0 or tiles > (1 << 32)) return fail(.invalid_argument, "tiles {d} is outside 1..2^32", .{tiles});
+    for (source[0 .. tiles * 256]) |v| {
+        if (!std.math.isFinite(v)) return fail(.invalid_argument, "values must be finite", .{});
+    }
+    var diag: core.Diagnostic = .{};
+    var gpu = tf.cuda.Gpu.open(0, &diag) catch |err| return failWith(err, &diag);
+    defer gpu.close();
+    tf.cuda.exl3_encode.encodeTiles(&gpu, source[0 .. tiles * 256], @intCast(bits), @intCast(codebook), target[0 .. tiles * 256], &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
 /// states: (tiles, 256) in trellis order; words: (tiles, 16·bits) int16, the stored layout.
 export fn tf_exl3_pack_states(states: ?[*]const u16, tiles: usize, bits: u32, words: ?[*]u16) Status {
     const source = states orelse return fail(.invalid_argument, "states is null", .{});

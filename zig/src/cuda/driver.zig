@@ -50,12 +50,14 @@ pub const Api = struct {
     cuModuleLoadData: *const fn (*Module, *const anyopaque) callconv(.c) Result,
     cuModuleUnload: *const fn (Module) callconv(.c) Result,
     cuModuleGetFunction: *const fn (*Function, Module, [*:0]const u8) callconv(.c) Result,
+    cuFuncSetAttribute: *const fn (Function, c_int, c_int) callconv(.c) Result,
     cuLaunchKernel: *const fn (Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, ?[*]const ?*const anyopaque, ?[*]const ?*anyopaque) callconv(.c) Result,
 };
 
 pub const attribute_compute_capability_major = 75;
 pub const attribute_compute_capability_minor = 76;
 pub const attribute_multiprocessor_count = 16;
+pub const function_attribute_max_dynamic_shared_bytes = 8;
 
 /// Names for the results a user is most likely to meet, for drivers too old for cuGetErrorName.
 const known_results = [_]struct { Result, []const u8 }{
