@@ -1,6 +1,8 @@
-"""CPU engine throughput on a model directory, as a table (a benchmark, not a test):
+"""Engine throughput on a model directory, or on a synthetic model made in memory, as a table (a
+benchmark, not a test):
 
     python -m trellisforge.bench_engine MODEL_DIR [--prompt-tokens 256] [--decode-tokens 64]
+    python -m trellisforge.bench_engine --synthetic glm-4.5-air [--bits 3] --backend cuda
 
 Prefill: one prompt's logits at every position. Decode: greedy tokens per second for 1 and for 4
 concurrent sequences (continuous batching)."""
@@ -17,12 +19,19 @@ from . import Engine, Sampling, library_path
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model_dir")
+    parser.add_argument("model_dir", nargs="?")
+    parser.add_argument("--synthetic", metavar="SHAPE", help="random EXL3 weights of a synthesize shape, made in memory")
+    parser.add_argument("--bits", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
-    engine = Engine(args.model_dir, backend=args.backend, max_seqs=8)
+    if (args.model_dir is None) == (args.synthetic is None):
+        parser.error("give MODEL_DIR or --synthetic SHAPE")
+    if args.synthetic:
+        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=8)
+    else:
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, args.prompt_tokens)]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
@@ -41,7 +50,7 @@ def main() -> None:
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
         rows.append(("decode", streams, produced, elapsed, produced / elapsed))
-    print(f"library {library_path()}, backend {args.backend}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
+    print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
     print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
     for phase, streams, tokens, seconds, rate in rows:
         print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}")

@@ -66,27 +66,40 @@ class Engine:
         """tp_world > 1 without tp_master: the ranks are threads of this process (cpu). With
         tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
         workers (`run_tp_worker`)."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
+        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world)
         self.model_dir = pathlib.Path(model_dir)
-        params = ffi.new("tf_engine_params *")
-        params.backend = BACKENDS[backend]
-        params.sequences_max = max_seqs
-        params.kv_pages = kv_pages
-        params.page_tokens = page_tokens
-        params.context_tokens_max = ctx
-        params.rows_max = rows_max
-        params.tp_world = tp_world
         handle = ffi.new("tf_engine **")
         if tp_master:
             host, port = split_address(tp_master)
             check(lib.tf_engine_create_tp_master(os.fsencode(os.fspath(model_dir)), params, host.encode(), port, handle))
         else:
             check(lib.tf_engine_create(os.fsencode(os.fspath(model_dir)), params, handle))
-        self._handle = handle[0]
+        self._adopt(handle[0], max_seqs, _eos_token_ids(self.model_dir))
+
+    @classmethod
+    def synthetic(cls, config: dict | str, bits: int = 3, seed: int = 0, backend: str = "cpu", max_seqs: int = 16,
+                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256) -> "Engine":
+        """An engine over random EXL3 weights made in memory: `config` is a config.json dict or a
+        shape name of `synthesize` ("glm-4.5-air", "tiny-4l", ...). For full-size benchmarks with no
+        checkpoint on disk; the same seed gives the same weights, so the same logits."""
+        if isinstance(config, str):
+            from .synthesize import shape_config
+            config = shape_config(config)
+        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, 1)
+        text = json.dumps(config).encode()
+        handle = ffi.new("tf_engine **")
+        check(lib.tf_engine_create_synthetic(text, len(text), params, bits, seed & 0xFFFFFFFFFFFFFFFF, handle))
+        engine = cls.__new__(cls)
+        engine.model_dir = None
+        value = config.get("eos_token_id")
+        engine._adopt(handle[0], max_seqs, [] if value is None else [int(v) for v in (value if isinstance(value, list) else [value])])
+        return engine
+
+    def _adopt(self, handle, max_seqs: int, eos_token_ids: list[int]) -> None:
+        self._handle = handle
         self._lock = threading.Lock()
         self._records = ffi.new("tf_step_record[]", max(max_seqs, 64))
-        self.eos_token_ids = _eos_token_ids(self.model_dir)
+        self.eos_token_ids = eos_token_ids
         stats = self.stats()
         self.vocab_size = stats["vocab_size"]
         self.context_tokens_max = stats["context_tokens_max"]
@@ -209,6 +222,20 @@ def run_tp_worker(model_dir: str | os.PathLike, rank: int, master: str) -> None:
     down; raises TrellisError when the link fails."""
     host, port = split_address(master)
     check(lib.tf_tp_worker_run(os.fsencode(os.fspath(model_dir)), rank, host.encode(), port))
+
+
+def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: int, rows_max: int, tp_world: int):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
+    params = ffi.new("tf_engine_params *")
+    params.backend = BACKENDS[backend]
+    params.sequences_max = max_seqs
+    params.kv_pages = kv_pages
+    params.page_tokens = page_tokens
+    params.context_tokens_max = ctx
+    params.rows_max = rows_max
+    params.tp_world = tp_world
+    return params
 
 
 def _eos_token_ids(model_dir: pathlib.Path) -> list[int]:

@@ -151,6 +151,12 @@ tf_status tf_engine_destroy(tf_engine *engine);
  * ranks have joined, then runs like tf_engine_create; each step drives every rank. */
 tf_status tf_engine_create_tp_master(const char *model_dir, const tf_engine_params *params,
                                      const char *host, uint16_t port, tf_engine **out);
+/* An engine over a model of config_json's shape (a config.json's text, config_len bytes) with
+ * random EXL3 weights of `bits` (1..8) per weight made in memory: full-size benchmarks without
+ * checkpoint files. The same seed gives the same weights. */
+tf_status tf_engine_create_synthetic(const char *config_json, size_t config_len,
+                                     const tf_engine_params *params, uint32_t bits, uint64_t seed,
+                                     tf_engine **out);
 /* A worker rank (>= 1): joins the master at host:port and serves its forwards; returns TF_OK when
  * the master shuts down, an error when the connection fails. Blocks. */
 tf_status tf_tp_worker_run(const char *model_dir, uint32_t rank, const char *host, uint16_t port);

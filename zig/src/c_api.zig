@@ -397,6 +397,25 @@ fn createEngine(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, ho
     return ok();
 }
 
+/// A model of config_json's shape with random EXL3 weights of `bits` per weight, made in memory
+/// (families/glm/synthetic.zig); the same seed gives the same weights.
+export fn tf_engine_create_synthetic(config_json: ?[*]const u8, config_len: usize, params: ?*const engine_mod.Params, bits: u32, seed: u64, out: ?*?*EngineHandle) Status {
+    const json = config_json orelse return fail(.invalid_argument, "config_json is null", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = null;
+    if (bits < 1 or bits > 8) return fail(.invalid_argument, "bits must be 1..8, not {d}", .{bits});
+    const requested: engine_mod.Params = if (params) |p| p.* else .{};
+    var diag: core.Diagnostic = .{};
+    const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
+    const engine = Engine.initSynthetic(gpa, json[0..config_len], requested, @intCast(bits), seed, &diag) catch |err| {
+        gpa.destroy(handle);
+        return failWith(err, &diag);
+    };
+    handle.* = .{ .engine = engine };
+    target.* = handle;
+    return ok();
+}
+
 /// A worker rank: blocks, serving the master's forwards, until the master shuts down (TF_OK) or
 /// the connection fails (an error).
 export fn tf_tp_worker_run(model_dir: ?[*:0]const u8, rank: u32, host: ?[*:0]const u8, port: u16) Status {

@@ -77,7 +77,7 @@ const Sequence = struct {
 
 pub const Engine = struct {
     gpa: std.mem.Allocator,
-    checkpoint: core.Checkpoint,
+    checkpoint: ?core.Checkpoint, // null for an in-memory synthetic model
     weights: glm.Weights,
     params: Params,
     cache: KvCache,
@@ -111,14 +111,43 @@ pub const Engine = struct {
         engine.gpa = gpa;
 
         engine.checkpoint = try core.Checkpoint.open(gpa, model_dir, diag);
-        errdefer engine.checkpoint.deinit();
-        const model_config = engine.checkpoint.config orelse {
+        errdefer engine.checkpoint.?.deinit();
+        const model_config = engine.checkpoint.?.config orelse {
             diag.set("'{s}' has no config.json", .{model_dir});
             return error.NoConfig;
         };
         const model = try glm.Config.parse(&model_config, diag);
-        engine.weights = try glm.Weights.load(gpa, &engine.checkpoint, model, diag);
+        engine.weights = try glm.Weights.load(gpa, &engine.checkpoint.?, model, diag);
         errdefer engine.weights.deinit(gpa);
+        try engine.initRest(requested, master, diag);
+        return engine;
+    }
+
+    /// A model made in memory from `config_json` (a config.json's text) with random EXL3 weights
+    /// (families/glm/synthetic.zig): full-size benchmarks without checkpoint files.
+    pub fn initSynthetic(gpa: std.mem.Allocator, config_json: []const u8, requested: Params, bits: u4, seed: u64, diag: *Diagnostic) Error!*Engine {
+        if (bits < 1 or bits > 8) {
+            diag.set("synthetic bits must be 1..8, not {d}", .{bits});
+            return error.InvalidArgument;
+        }
+        const engine = try gpa.create(Engine);
+        errdefer gpa.destroy(engine);
+        engine.gpa = gpa;
+        engine.checkpoint = null;
+        var arena = std.heap.ArenaAllocator.init(gpa);
+        defer arena.deinit();
+        const model_config = try core.config.ModelConfig.parse(arena.allocator(), config_json, diag);
+        const model = try glm.Config.parse(&model_config, diag);
+        engine.weights = try glm.synthetic.generate(gpa, model, bits, 6, seed);
+        errdefer engine.weights.deinit(gpa);
+        try engine.initRest(requested, null, diag);
+        return engine;
+    }
+
+    /// Everything after the weights: cache, scratch, plan, and the backend's model.
+    fn initRest(engine: *Engine, requested: Params, master: ?Master, diag: *Diagnostic) Error!void {
+        const gpa = engine.gpa;
+        const model = engine.weights.config;
 
         engine.params = try resolveParams(requested, model, diag);
         const p = engine.params;
@@ -181,7 +210,6 @@ pub const Engine = struct {
         }
         engine.pages_reserved = 0;
         engine.next_id = 1;
-        return engine;
     }
 
     /// Sequences and the per-step plan, all from one arena freed with the engine.
@@ -217,7 +245,7 @@ pub const Engine = struct {
         engine.scratch.deinit();
         engine.cache.deinit(gpa);
         engine.weights.deinit(gpa);
-        engine.checkpoint.deinit();
+        if (engine.checkpoint) |*checkpoint| checkpoint.deinit();
         gpa.destroy(engine);
     }
 

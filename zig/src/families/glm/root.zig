@@ -9,6 +9,7 @@ pub const rope = @import("rope.zig");
 pub const forward_cpu = @import("forward_cpu.zig");
 pub const cuda_exl3 = @import("cuda_exl3.zig");
 pub const shard = @import("shard.zig");
+pub const synthetic = @import("synthetic.zig");
 
 test {
     _ = config;
@@ -19,4 +20,5 @@ test {
     _ = forward_cpu;
     _ = cuda_exl3;
     _ = shard;
+    _ = synthetic;
 }

@@ -1,0 +1,80 @@
+"""The in-memory synthetic model (tf_engine_create_synthetic): a config alone gives a servable
+engine over random EXL3 weights, for full-size benchmarks with no checkpoint on disk. Its
+forward is the one the fixture tests prove; here: the seed fixes the weights bit for bit, the
+weights keep activations O(1) so timings see real numbers, and bad configs are clear errors.
+On a GPU, the CUDA forward of a synthetic model matches the CPU forward."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import relative_l2, within
+
+import trellisforge
+from trellisforge.synthesize import shape_config
+
+PROMPT = [3, 17, 42, 99, 7, 250, 1, 64]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, max_seqs=4) as engine:
+        yield engine
+
+
+def test_same_seed_same_bits_other_seed_other_weights(tiny):
+    logits = tiny.logits(PROMPT)
+    assert logits.shape == (len(PROMPT), shape_config("tiny")["vocab_size"])
+    assert np.isfinite(logits).all()
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, max_seqs=4) as again:
+        assert np.array_equal(again.logits(PROMPT).view(np.uint32), logits.view(np.uint32))
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=6, max_seqs=4) as other:
+        assert relative_l2(other.logits(PROMPT)[-1], logits[-1]) > 0.1
+    with trellisforge.Engine.synthetic("tiny", bits=2, seed=5, max_seqs=4) as fewer_bits:
+        assert relative_l2(fewer_bits.logits(PROMPT)[-1], logits[-1]) > 0.01
+
+
+def test_activations_stay_order_one(tiny):
+    spread = float(np.std(tiny.logits(PROMPT)[-1]))
+    assert 0.05 < spread < 50, f"logit spread {spread} would make a benchmark time NaNs or zeros"
+
+
+def test_it_generates_and_frees_its_pages(tiny):
+    out = tiny.generate(PROMPT, max_tokens=6)
+    assert len(out) == 6 and all(0 <= t < tiny.vocab_size for t in out)
+    stats = tiny.stats()
+    assert stats["pages_free"] == stats["pages_total"]
+
+
+def test_config_dict_and_shape_name_agree():
+    with trellisforge.Engine.synthetic(shape_config("tiny-2l"), seed=1) as by_dict, \
+            trellisforge.Engine.synthetic("tiny-2l", seed=1) as by_name:
+        assert np.array_equal(by_dict.logits(PROMPT[:3]), by_name.logits(PROMPT[:3]))
+
+
+@pytest.mark.parametrize("config, bits, message", [
+    ({**shape_config("tiny"), "hidden_size": 0}, 3, "hidden_size"),
+    ({k: v for k, v in shape_config("tiny").items() if k != "num_attention_heads"}, 3, "num_attention_heads"),
+    (shape_config("tiny"), 0, "bits"),
+    (shape_config("tiny"), 9, "bits"),
+])
+def test_bad_config_is_a_clear_error(config, bits, message):
+    with pytest.raises(trellisforge.TrellisError, match=message):
+        trellisforge.Engine.synthetic(config, bits=bits)
+
+
+def test_malformed_json_is_a_clear_error():
+    handle = trellisforge._ffi.ffi.new("tf_engine **")
+    text = b'{"hidden_size": 256,'
+    status = trellisforge._ffi.lib.tf_engine_create_synthetic(text, len(text), trellisforge._ffi.ffi.NULL, 3, 0, handle)
+    assert status != 0 and handle[0] == trellisforge._ffi.ffi.NULL
+    assert trellisforge._ffi.ffi.string(trellisforge._ffi.lib.tf_last_error())
+
+
+AVAILABLE, REASON = trellisforge.cuda_available()
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
+def test_gpu_forward_of_a_synthetic_model_matches_cpu(tiny):
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, backend="cuda", max_seqs=4) as gpu:
+        on_gpu, on_cpu = gpu.logits(PROMPT), tiny.logits(PROMPT)
+        within(max(relative_l2(on_gpu[t], on_cpu[t]) for t in range(len(PROMPT))), 1e-4, "synthetic GPU vs CPU")
