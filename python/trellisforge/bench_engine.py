@@ -28,10 +28,12 @@ def main() -> None:
     args = parser.parse_args()
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
+    load_start = time.perf_counter()
     if args.synthetic:
         engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=8)
     else:
         engine = Engine(args.model_dir, backend=args.backend, max_seqs=8)
+    load_seconds = time.perf_counter() - load_start
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, args.prompt_tokens)]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
@@ -51,6 +53,7 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         rows.append(("decode", streams, produced, elapsed, produced / elapsed))
     print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
+    print(f"engine ready in {load_seconds:.1f} s")
     print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
     for phase, streams, tokens, seconds, rate in rows:
         print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}")
