@@ -78,3 +78,12 @@ def test_gpu_forward_of_a_synthetic_model_matches_cpu(tiny):
     with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, backend="cuda", max_seqs=4) as gpu:
         on_gpu, on_cpu = gpu.logits(PROMPT), tiny.logits(PROMPT)
         within(max(relative_l2(on_gpu[t], on_cpu[t]) for t in range(len(PROMPT))), 1e-4, "synthetic GPU vs CPU")
+
+
+def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
+    from trellisforge import bench_engine
+    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3"])
+    table = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in table if line.split()[:1] in (["prefill"], ["decode"])]
+    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8)]
+    assert all(float(r[4]) > 0 for r in rows)

@@ -17,7 +17,7 @@ import numpy as np
 from . import Engine, Sampling, library_path
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", nargs="?")
     parser.add_argument("--synthetic", metavar="SHAPE", help="random EXL3 weights of a synthesize shape, made in memory")
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
     load_start = time.perf_counter()
