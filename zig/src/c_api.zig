@@ -387,10 +387,15 @@ fn createEngine(model_dir: ?[*:0]const u8, params: ?*const engine_mod.Params, ho
     const requested: engine_mod.Params = if (params) |p| p.* else .{};
     const master: ?engine_mod.Master = if (host) |h| .{ .host = std.mem.span(h), .port = port } else null;
     var diag: core.Diagnostic = .{};
-    const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
-    const engine = Engine.init(gpa, std.mem.span(dir), requested, master, &diag) catch |err| {
-        gpa.destroy(handle);
-        return failWith(err, &diag);
+    return handOut(Engine.init(gpa, std.mem.span(dir), requested, master, &diag), &diag, target);
+}
+
+/// A created engine behind a fresh handle in `target`, or the creation's error.
+fn handOut(created: engine_mod.Error!*Engine, diag: *const core.Diagnostic, target: *?*EngineHandle) Status {
+    const engine = created catch |err| return failWith(err, diag);
+    const handle = gpa.create(EngineHandle) catch {
+        engine.deinit();
+        return fail(.out_of_memory, "out of memory", .{});
     };
     handle.* = .{ .engine = engine };
     target.* = handle;
@@ -406,14 +411,7 @@ export fn tf_engine_create_synthetic(config_json: ?[*]const u8, config_len: usiz
     if (bits < 1 or bits > 8) return fail(.invalid_argument, "bits must be 1..8, not {d}", .{bits});
     const requested: engine_mod.Params = if (params) |p| p.* else .{};
     var diag: core.Diagnostic = .{};
-    const handle = gpa.create(EngineHandle) catch return fail(.out_of_memory, "out of memory", .{});
-    const engine = Engine.initSynthetic(gpa, json[0..config_len], requested, @intCast(bits), seed, &diag) catch |err| {
-        gpa.destroy(handle);
-        return failWith(err, &diag);
-    };
-    handle.* = .{ .engine = engine };
-    target.* = handle;
-    return ok();
+    return handOut(Engine.initSynthetic(gpa, json[0..config_len], requested, @intCast(bits), seed, &diag), &diag, target);
 }
 
 /// A worker rank: blocks, serving the master's forwards, until the master shuts down (TF_OK) or
