@@ -91,8 +91,7 @@ class Engine:
         check(lib.tf_engine_create_synthetic(text, len(text), params, bits, seed & 0xFFFFFFFFFFFFFFFF, handle))
         engine = cls.__new__(cls)
         engine.model_dir = None
-        value = config.get("eos_token_id")
-        engine._adopt(handle[0], max_seqs, [] if value is None else [int(v) for v in (value if isinstance(value, list) else [value])])
+        engine._adopt(handle[0], max_seqs, _id_list(config.get("eos_token_id")))
         return engine
 
     def _adopt(self, handle, max_seqs: int, eos_token_ids: list[int]) -> None:
@@ -245,5 +244,10 @@ def _eos_token_ids(model_dir: pathlib.Path) -> list[int]:
         if path.is_file():
             value = json.loads(path.read_text()).get("eos_token_id")
             if value is not None:
-                return [int(v) for v in (value if isinstance(value, list) else [value])]
+                return _id_list(value)
     return []
+
+
+def _id_list(value) -> list[int]:
+    """A config's token id field: absent, one id, or a list of ids."""
+    return [] if value is None else [int(v) for v in (value if isinstance(value, list) else [value])]

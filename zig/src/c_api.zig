@@ -408,10 +408,9 @@ export fn tf_engine_create_synthetic(config_json: ?[*]const u8, config_len: usiz
     const json = config_json orelse return fail(.invalid_argument, "config_json is null", .{});
     const target = out orelse return fail(.invalid_argument, "out is null", .{});
     target.* = null;
-    if (bits < 1 or bits > 8) return fail(.invalid_argument, "bits must be 1..8, not {d}", .{bits});
     const requested: engine_mod.Params = if (params) |p| p.* else .{};
     var diag: core.Diagnostic = .{};
-    return handOut(Engine.initSynthetic(gpa, json[0..config_len], requested, @intCast(bits), seed, &diag), &diag, target);
+    return handOut(Engine.initSynthetic(gpa, json[0..config_len], requested, bits, seed, &diag), &diag, target);
 }
 
 /// A worker rank: blocks, serving the master's forwards, until the master shuts down (TF_OK) or

@@ -125,7 +125,7 @@ pub const Engine = struct {
 
     /// A model made in memory from `config_json` (a config.json's text) with random EXL3 weights
     /// (families/glm/synthetic.zig): full-size benchmarks without checkpoint files.
-    pub fn initSynthetic(gpa: std.mem.Allocator, config_json: []const u8, requested: Params, bits: u4, seed: u64, diag: *Diagnostic) Error!*Engine {
+    pub fn initSynthetic(gpa: std.mem.Allocator, config_json: []const u8, requested: Params, bits: u32, seed: u64, diag: *Diagnostic) Error!*Engine {
         if (bits < 1 or bits > 8) {
             diag.set("synthetic bits must be 1..8, not {d}", .{bits});
             return error.InvalidArgument;
@@ -138,7 +138,7 @@ pub const Engine = struct {
         defer arena.deinit();
         const model_config = try core.config.ModelConfig.parse(arena.allocator(), config_json, diag);
         const model = try glm.Config.parse(&model_config, diag);
-        engine.weights = try glm.synthetic.generate(gpa, model, bits, 6, seed);
+        engine.weights = try glm.synthetic.generate(gpa, model, @intCast(bits), 6, seed);
         errdefer engine.weights.deinit(gpa);
         try engine.initRest(requested, null, diag);
         return engine;
