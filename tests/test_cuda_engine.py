@@ -66,3 +66,19 @@ def test_gpu_decode_with_continuous_batching(engines):
     alone = gpu.generate(p["short"], 10, temperature=0.9, seed=11, stop_token_ids=[])
     assert tokens[ids[1]] == alone
     assert all(len(t) == 10 for t in tokens.values())
+
+
+def test_recorded_graphs_replay_the_same_bits(monkeypatch):
+    """Forwards of few rows are recorded as CUDA graphs and replayed; they must give the bits of
+    the same launches issued one by one (TF_CUDA_GRAPHS=0), step after step."""
+    p = prompts()
+    replayed = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4)
+    monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
+    direct = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4)
+    for name, tokens in p.items():
+        for _ in range(2):  # the second pass replays the recording made by the first
+            assert np.array_equal(replayed.logits(tokens).view(np.uint32), direct.logits(tokens).view(np.uint32)), name
+    for name in ("chat", "random"):
+        assert replayed.generate(p[name], 24, stop_token_ids=[]) == direct.generate(p[name], 24, stop_token_ids=[]), name
+    assert replayed.stats()["graph_replays"] > 24
+    assert direct.stats()["graph_replays"] == 0

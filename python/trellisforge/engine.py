@@ -161,7 +161,7 @@ class Engine:
             check(lib.tf_engine_stats_get(self._live(), out))
         return {name: getattr(out, name) for name in (
             "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
-            "sequences_max", "context_tokens_max", "vocab_size")}
+            "sequences_max", "context_tokens_max", "vocab_size", "graph_replays")}
 
     # ---- high level ----
 

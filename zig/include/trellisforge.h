@@ -143,6 +143,7 @@ typedef struct {
     uint32_t sequences_max;
     uint32_t context_tokens_max;
     uint32_t vocab_size;
+    uint64_t graph_replays;      /* GPU forwards run by replaying a recorded CUDA graph */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

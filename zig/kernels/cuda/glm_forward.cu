@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "exl3_codebook.cuh"
+#include "exl3_gemv.cuh"
 #include "exl3_trellis.cuh"
 
 namespace {
@@ -127,11 +128,9 @@ extern "C" __global__ void tf_exl3_rotate_in(const float* __restrict__ x, const 
 }
 
 // partial[split, item, :] = xr[item, rows of the split] · Wq[rows of the split, :].
-// One warp per 16-column tile column (4 per block), one block per (tile-column group, split, item).
-// Lane t decodes trellis positions 8t..8t+7 of each tile, which sit in the mma.m16n8k16 B-fragment
-// places (EXL3.md §4): rows 2(t%4)+{0,1,8,9}, columns t/4 and t/4+8; it fetches the few ring words
-// its states span from the lanes that loaded them. The four lanes of a column sum in a fixed tree,
-// tile rows in ascending order, so each output is the same sum for any number of items.
+// One warp per 16-column tile column (4 per block), one block per (tile-column group, split, item);
+// the body is exl3_gemv.cuh. The four lanes of a column sum in a fixed tree, tile rows in ascending
+// order, so each output is the same sum for any number of items.
 constexpr int kGemvWarps = 4;
 
 extern "C" __global__ void __launch_bounds__(128) tf_exl3_gemv(const float* __restrict__ xr, const int* __restrict__ layer_of_item,
@@ -146,47 +145,14 @@ extern "C" __global__ void __launch_bounds__(128) tf_exl3_gemv(const float* __re
     const int tile_columns = n_p / 16;
     if (item >= items || tile_column >= tile_columns) return;
     const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
-    const int ring_words = 4 * bits2;  // uint32 words per tile
-    const uint32_t ring_bits = 32u * ring_words;
     const int tile_rows = k_p / 16;
     const int first = split * tiles_per_split;
     const int last = min(tile_rows, first + tiles_per_split);
-    const float* x = xr + static_cast<size_t>(item) * k_p;
     const int quad = lane % 4;
-    const int row_base = 2 * quad;
+    const size_t row_stride = static_cast<size_t>(tile_columns) * 4 * bits2;  // uint32 words per tile row
+    const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * bits2;
     float acc0 = 0.f, acc1 = 0.f;
-    for (int tile_row = first; tile_row < last; ++tile_row) {
-        const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words + (static_cast<size_t>(tile_row) * tile_columns + tile_column) * (8 * bits2));
-        // Loaded once per tile by the warp, coalesced; ring_words <= 64.
-        const uint32_t word_a = lane < ring_words ? ring[lane] : 0u;
-        const uint32_t word_b = lane + kWarp < ring_words ? ring[lane + kWarp] : 0u;
-        const uint32_t first_bit = tf::end_bit(bits2, 8 * lane) + ring_bits - 16;
-        const uint32_t first_word = first_bit >> 5;
-        uint32_t words[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int index = static_cast<int>((first_word + j) % ring_words);
-            const uint32_t from_a = __shfl_sync(0xFFFFFFFFu, word_a, index % kWarp);
-            const uint32_t from_b = __shfl_sync(0xFFFFFFFFu, word_b, index % kWarp);
-            words[j] = index < kWarp ? from_a : from_b;
-        }
-        // A run-time index would put `words` in local memory: select among the registers instead.
-        const auto word_at = [&](uint32_t j) { return j == 0 ? words[0] : j == 1 ? words[1] : j == 2 ? words[2] : words[3]; };
-        const float* xs = x + tile_row * 16 + row_base;
-        const float x0 = xs[0], x1 = xs[1], x8 = xs[8], x9 = xs[9];
-        float w[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const uint32_t end = tf::end_bit(bits2, 8 * lane + e) + ring_bits;
-            const uint32_t high = word_at(((end - 16) >> 5) - first_word);
-            const uint32_t low = word_at(((end - 1) >> 5) - first_word);
-            const uint32_t shift = 32u * (((end - 1) >> 5) + 1) - end;
-            const uint32_t state = static_cast<uint32_t>(((static_cast<uint64_t>(high) << 32) | low) >> shift) & 0xFFFFu;
-            w[e] = __half2float(tf::decode_state(state, codebook));
-        }
-        acc0 = fmaf(x0, w[0], acc0); acc0 = fmaf(x1, w[1], acc0); acc0 = fmaf(x8, w[2], acc0); acc0 = fmaf(x9, w[3], acc0);
-        acc1 = fmaf(x0, w[4], acc1); acc1 = fmaf(x1, w[5], acc1); acc1 = fmaf(x8, w[6], acc1); acc1 = fmaf(x9, w[7], acc1);
-    }
+    tf::gemv_tiles(ring, row_stride, xr + static_cast<size_t>(item) * k_p, first, last, bits2, codebook, {lane, quad}, acc0, acc1);
     // The four lanes of a column quad hold its four row groups: a fixed two-step tree.
     acc0 += __shfl_xor_sync(0xFFFFFFFFu, acc0, 1);
     acc1 += __shfl_xor_sync(0xFFFFFFFFu, acc1, 1);
@@ -350,30 +316,39 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention(const float* __re
 
 // ---- MoE ----
 
-// Router of one row (GLM.md §3.8), f32: sigmoid of the logits, selection on sigmoid + correction
-// bias (group-limited when groups > 1), weights from the unbiased sigmoid, normalised, scaled.
-// Writes each row's experts in ascending index and their weights. One 256-thread block per row.
-extern "C" __global__ void __launch_bounds__(256) tf_route(const float* __restrict__ x, const float* __restrict__ gate,
-                                                           const float* __restrict__ correction, int* __restrict__ experts_out,
-                                                           float* __restrict__ weights_out, float* __restrict__ scratch,
-                                                           int rows, int hidden, int experts, int top_k, int groups,
-                                                           int groups_per_token, int normalize, float scaling) {
+// Router logits (GLM.md §3.8), f32: probability = sigmoid(x · gate_e), choice = probability +
+// correction. A warp per (row, expert), 8 per block across many blocks: the router's weights
+// (experts × hidden f32, 2 MB for GLM-4.5-Air) are read by the whole GPU, not by one block per row.
+extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* __restrict__ x, const float* __restrict__ gate,
+                                                                  const float* __restrict__ correction, float* __restrict__ scratch,
+                                                                  int rows, int hidden, int experts) {
+    const int row = blockIdx.y;
+    const int e = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    if (row >= rows || e >= experts) return;
+    const float* in = x + static_cast<size_t>(row) * hidden;
+    float dot = 0.f;
+    for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], gate[static_cast<size_t>(e) * hidden + i], dot);
+    dot = warp_sum(dot);
+    if (lane == 0) {
+        float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
+        probability[e] = 1.0f / (1.0f + expf(-dot));
+        probability[experts + e] = probability[e] + correction[e];
+    }
+}
+
+// Expert selection of one row from tf_route_logits' scratch: on the choice scores (group-limited
+// when groups > 1), weights from the unbiased sigmoid, normalised, scaled. Writes each row's
+// experts in ascending index and their weights. One 256-thread block per row.
+extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ experts_out, float* __restrict__ weights_out,
+                                                           float* __restrict__ scratch, int rows, int experts, int top_k,
+                                                           int groups, int groups_per_token, int normalize, float scaling) {
     const int row = blockIdx.x;
     if (row >= rows) return;
     float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
     float* choice = probability + experts;
-    const float* in = x + static_cast<size_t>(row) * hidden;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
-    for (int e = warp; e < experts; e += blockDim.x / kWarp) {
-        float dot = 0.f;
-        for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], gate[static_cast<size_t>(e) * hidden + i], dot);
-        dot = warp_sum(dot);
-        if (lane == 0) {
-            probability[e] = 1.0f / (1.0f + expf(-dot));
-            choice[e] = probability[e] + correction[e];
-        }
-    }
     __syncthreads();
     if (groups > 1 && threadIdx.x == 0) {
         const int per_group = experts / groups;

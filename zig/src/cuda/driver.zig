@@ -13,6 +13,8 @@ pub const Stream = ?*opaque {};
 pub const Event = ?*opaque {};
 pub const Module = ?*opaque {};
 pub const Function = ?*opaque {};
+pub const Graph = ?*opaque {};
+pub const GraphExec = ?*opaque {};
 pub const DevicePtr = u64;
 
 pub const Error = error{ CudaUnavailable, CudaFailed, OutOfMemory };
@@ -51,6 +53,12 @@ pub const Api = struct {
     cuModuleUnload: *const fn (Module) callconv(.c) Result,
     cuModuleGetFunction: *const fn (*Function, Module, [*:0]const u8) callconv(.c) Result,
     cuFuncSetAttribute: *const fn (Function, c_int, c_int) callconv(.c) Result,
+    cuStreamBeginCapture_v2: *const fn (Stream, c_int) callconv(.c) Result,
+    cuStreamEndCapture: *const fn (Stream, *Graph) callconv(.c) Result,
+    cuGraphInstantiateWithFlags: *const fn (*GraphExec, Graph, c_ulonglong) callconv(.c) Result,
+    cuGraphLaunch: *const fn (GraphExec, Stream) callconv(.c) Result,
+    cuGraphExecDestroy: *const fn (GraphExec) callconv(.c) Result,
+    cuGraphDestroy: *const fn (Graph) callconv(.c) Result,
     cuLaunchKernel: *const fn (Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, ?[*]const ?*const anyopaque, ?[*]const ?*anyopaque) callconv(.c) Result,
 };
 
@@ -58,6 +66,9 @@ pub const attribute_compute_capability_major = 75;
 pub const attribute_compute_capability_minor = 76;
 pub const attribute_multiprocessor_count = 16;
 pub const function_attribute_max_dynamic_shared_bytes = 8;
+/// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: only this thread's unsafe calls end a capture, so another
+/// engine's thread in the same process is not disturbed.
+pub const stream_capture_mode_thread_local = 1;
 
 /// Names for the results a user is most likely to meet, for drivers too old for cuGetErrorName.
 const known_results = [_]struct { Result, []const u8 }{

@@ -11,7 +11,7 @@ const Error = gpu_mod.Error;
 pub const Module = gpu_mod.Module(&.{
     "tf_embed",          "tf_rmsnorm",         "tf_add",         "tf_swiglu",       "tf_gather_rows",
     "tf_exl3_rotate_in", "tf_exl3_gemv",     "tf_exl3_rotate_out", "tf_dense_matmul", "tf_qk_rope_store",
-    "tf_attention",      "tf_route",           "tf_moe_combine",
+    "tf_attention",      "tf_route_logits",    "tf_route",           "tf_moe_combine",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -209,11 +209,16 @@ pub const Kernels = struct {
         scaling: f32,
     };
 
+    /// Logits over the whole GPU (a warp per (row, expert), 8 per block), then the selection (a
+    /// 256-thread block per row).
     pub fn route(k: Kernels, c: Route) Error!void {
+        const rows: c_int = @intCast(c.rows);
+        const experts: c_int = @intCast(c.experts);
+        var l = .{ c.x, c.gate, c.correction, c.scratch, rows, @as(c_int, @intCast(c.hidden)), experts };
+        try k.run("tf_route_logits", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
         var a = .{
-            c.x,                                  c.gate,                            c.correction,                         c.experts_out,
-            c.weights_out,                        c.scratch,                         @as(c_int, @intCast(c.rows)),         @as(c_int, @intCast(c.hidden)),
-            @as(c_int, @intCast(c.experts)),      @as(c_int, @intCast(c.top_k)),     @as(c_int, @intCast(c.groups)),       @as(c_int, @intCast(c.groups_per_token)),
+            c.experts_out,                       c.weights_out,                          c.scratch,                        rows,
+            experts,                             @as(c_int, @intCast(c.top_k)),          @as(c_int, @intCast(c.groups)),  @as(c_int, @intCast(c.groups_per_token)),
             @as(c_int, @intFromBool(c.normalize)), c.scaling,
         };
         var ptrs: [a.len]*anyopaque = undefined;

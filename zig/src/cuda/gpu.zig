@@ -90,6 +90,43 @@ pub const Gpu = struct {
     }
 };
 
+/// A recorded sequence of launches on the GPU's stream, replayed with one call. Capture records
+/// the launches' arguments by value, so a replay is only right while every buffer they name and
+/// every size stays the same; the owner keys its graphs by the sizes.
+pub const Graph = struct {
+    exec: driver_api.GraphExec,
+
+    /// Starts recording: launches on the stream are kept, not run, until `endCapture`.
+    pub fn beginCapture(gpu: *const Gpu, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuStreamBeginCapture_v2(gpu.stream, driver_api.stream_capture_mode_thread_local), "cuStreamBeginCapture", diag);
+    }
+
+    /// Ends a capture begun by `beginCapture` and makes the recording launchable. Call it also when
+    /// recording failed (`keep` false): the stream leaves capture mode and nothing is kept.
+    pub fn endCapture(gpu: *const Gpu, keep: bool, diag: *Diagnostic) Error!Graph {
+        const api = &gpu.driver.api;
+        var graph: driver_api.Graph = null;
+        const ended = api.cuStreamEndCapture(gpu.stream, &graph);
+        defer if (graph != null) {
+            _ = api.cuGraphDestroy(graph);
+        };
+        if (!keep) return error.CudaFailed;
+        try gpu.driver.check(ended, "cuStreamEndCapture", diag);
+        var exec: driver_api.GraphExec = null;
+        try gpu.driver.check(api.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate", diag);
+        return .{ .exec = exec };
+    }
+
+    pub fn launch(graph: Graph, gpu: *const Gpu, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuGraphLaunch(graph.exec, gpu.stream), "cuGraphLaunch", diag);
+    }
+
+    pub fn destroy(graph: *Graph, gpu: *const Gpu) void {
+        _ = gpu.driver.api.cuGraphExecDestroy(graph.exec);
+        graph.* = undefined;
+    }
+};
+
 /// A pair of events around work on the GPU's stream: device time, not host time.
 pub const Timer = struct {
     start: driver_api.Event,

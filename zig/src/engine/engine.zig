@@ -52,6 +52,7 @@ pub const Stats = extern struct {
     sequences_max: u32,
     context_tokens_max: u32,
     vocab_size: u32,
+    graph_replays: u64,
 };
 
 pub const stop_tokens_max = 64;
@@ -354,6 +355,7 @@ pub const Engine = struct {
             .sequences_max = engine.params.sequences_max,
             .context_tokens_max = engine.params.context_tokens_max,
             .vocab_size = @intCast(engine.config().vocab_size),
+            .graph_replays = if (engine.gpu_model) |model| model.graph_replays else 0,
         };
     }
 

@@ -3,8 +3,10 @@
 //! cuda/glm_kernels.zig. Experts take the grouped path: every (row, selected expert) pair is one
 //! item of the EXL3 kernels, reading that expert's trellis in place through a pointer table.
 //!
-//! This first version is for correctness: f32 arithmetic, one thread per output, the trellis decoded
-//! per item. Sampling stays on the host: the logits of the sampled rows are copied back.
+//! f32 arithmetic, the trellis decoded per item. Forwards of few rows (decode steps) are recorded
+//! once per (rows, logits rows) as a CUDA graph and replayed: a GLM-4.5-Air step is ~1800 launches,
+//! whose host cost and gaps a replay removes. Sampling stays on the host: the logits of the sampled
+//! rows are copied back.
 const std = @import("std");
 const core = @import("../../core/root.zig");
 const cuda = @import("../../cuda/root.zig");
@@ -58,7 +60,16 @@ pub const Limits = struct {
     pages: usize,
     page_tokens: usize,
     pages_per_sequence: usize,
+    /// Replay recorded forwards of up to `graph_rows_max` rows (TF_CUDA_GRAPHS=0 turns it off).
+    graphs: bool = true,
 };
+
+/// Forwards of at most this many rows are recorded as graphs: decode steps, not prompt chunks,
+/// whose row counts rarely repeat.
+const graph_rows_max = 64;
+const graph_slots = 16;
+
+const GraphSlot = struct { rows: usize, wanted: usize, graph: cuda.gpu.Graph };
 
 pub const GpuModel = struct {
     gpa: std.mem.Allocator,
@@ -67,6 +78,10 @@ pub const GpuModel = struct {
     config: Config,
     limits: Limits,
     allocations: std.ArrayList(Ptr),
+    graphs: [graph_slots]?GraphSlot,
+    graph_next: usize,
+    graphs_enabled: bool,
+    graph_replays: u64,
     embed: Ptr,
     blocks: []GpuBlock,
     norm: Ptr,
@@ -115,6 +130,10 @@ pub const GpuModel = struct {
         model.config = weights.config;
         model.limits = limits;
         model.allocations = .empty;
+        model.graphs = @splat(null);
+        model.graph_next = 0;
+        model.graph_replays = 0;
+        model.graphs_enabled = limits.graphs and !graphsOffInEnvironment();
         model.gpu = try cuda.Gpu.open(limits.device, diag);
         errdefer model.gpu.close();
         errdefer model.freeAll();
@@ -127,6 +146,7 @@ pub const GpuModel = struct {
 
     pub fn deinit(model: *GpuModel) void {
         const gpa = model.gpa;
+        for (&model.graphs) |*slot| if (slot.*) |*entry| entry.graph.destroy(&model.gpu);
         model.freeAll();
         model.module.unload(&model.gpu);
         model.gpu.close();
@@ -375,9 +395,45 @@ pub const GpuModel = struct {
     pub fn forwardRank(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const c = model.config;
         const rows = batch.rows();
+        const wanted = batch.logits_rows.len;
         std.debug.assert(rows >= 1 and rows <= model.limits.rows_max);
-        std.debug.assert(batch.logits_rows.len <= model.limits.logits_rows_max);
+        std.debug.assert(wanted <= model.limits.logits_rows_max);
         try model.uploadBatch(batch, diag);
+        // A rank's reduction runs on the host between launches: it cannot be recorded.
+        if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
+            const graph = try model.graphFor(rows, wanted, diag);
+            try graph.launch(&model.gpu, diag);
+            model.graph_replays += 1;
+        } else {
+            try model.enqueue(rows, wanted, reduce, diag);
+        }
+        if (wanted == 0) return model.gpu.synchronize(diag);
+        try model.gpu.download(std.mem.sliceAsBytes(logits[0 .. wanted * c.vocab_size]), model.logits, diag);
+    }
+
+    /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
+    /// launch reads its per-step inputs (tokens, positions, page tables, logits rows) from device
+    /// buffers that `uploadBatch` refills, so one recording serves every step of that size.
+    fn graphFor(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!cuda.gpu.Graph {
+        for (model.graphs) |slot| if (slot) |entry| {
+            if (entry.rows == rows and entry.wanted == wanted) return entry.graph;
+        };
+        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
+        model.enqueue(rows, wanted, null, diag) catch |err| {
+            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
+            return err;
+        };
+        const graph = try cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
+        const slot = &model.graphs[model.graph_next % graph_slots];
+        model.graph_next += 1;
+        if (slot.*) |*old| old.graph.destroy(&model.gpu);
+        slot.* = .{ .rows = rows, .wanted = wanted, .graph = graph };
+        return graph;
+    }
+
+    /// Queues the whole forward on the stream; the batch is already on the device.
+    fn enqueue(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+        const c = model.config;
         const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
         try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
         for (model.blocks, 0..) |*block, layer| {
@@ -393,8 +449,7 @@ pub const GpuModel = struct {
             if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * c.hidden_size, diag) catch return error.CudaFailed;
             try k.add(model.hidden, model.ffn_out, rows * c.hidden_size);
         }
-        const wanted = batch.logits_rows.len;
-        if (wanted == 0) return model.gpu.synchronize(diag);
+        if (wanted == 0) return;
         try k.rmsnorm(model.hidden, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
         switch (model.lm_head.kind) {
             .exl3 => try model.runLinear(k, &model.lm_head, model.normed, model.logits, wanted, model.logits_rows),
@@ -403,7 +458,6 @@ pub const GpuModel = struct {
                 try k.denseLinear(model.projected, dense.weight, dense.bias, model.logits, wanted, c.hidden_size, c.vocab_size);
             },
         }
-        try model.gpu.download(std.mem.sliceAsBytes(logits[0 .. wanted * c.vocab_size]), model.logits, diag);
     }
 
     fn uploadBatch(model: *GpuModel, batch: forward_cpu.Batch, diag: *Diagnostic) Error!void {
@@ -502,3 +556,8 @@ pub const GpuModel = struct {
         try k.moeCombine(model.items_out, model.route_weights, shared, model.ffn_out, rows, c.experts_per_token, c.hidden_size);
     }
 };
+
+fn graphsOffInEnvironment() bool {
+    const text = std.c.getenv("TF_CUDA_GRAPHS") orelse return false;
+    return std.mem.eql(u8, std.mem.span(text), "0");
+}

@@ -1,0 +1,163 @@
+// The trellis GEMV body of tf_exl3_gemv (glm_forward.cu): one warp walks one 16-column tile column
+// over a range of tile rows and accumulates lane t's two output columns, t/4 and t/4 + 8.
+//
+// Lane t decodes trellis positions 8t..8t+7 of each tile, which sit in the mma.m16n8k16 B-fragment
+// places (EXL3.md §4): rows 2(t%4)+{0,1,8,9}, columns t/4 and t/4+8. For an integer rate K the
+// eight states lie in one window of 16 + 7K stream bits starting at (8t+1)K − 16 (mod the ring):
+// the lane takes the ring words of its window from the lanes that loaded them, aligns the window
+// once (funnel shifts by a run-time offset), and then cuts every state at a compile-time bit
+// position. With K and the codebook template parameters, a weight costs a cut, the codebook's
+// three or four instructions, a conversion and an FMA; the earlier kernel spent ~25 instructions
+// recomputing each state's word indices and shifts at run time. Half-integer rates keep that
+// general path (their positions are not evenly spaced).
+//
+// The tile loop issues the ring loads of kUnroll tiles before decoding any of them, so a warp has
+// several DRAM reads in flight instead of one dependent read per tile.
+//
+// Summation order, for every path: per lane, tile rows ascending, and within a tile
+// x0·w0 + x1·w1 + x8·w2 + x9·w3 (and w4..w7 for the second column), all fmaf: the same order as the
+// general path, so the outputs do not depend on which path ran, nor on the number of items.
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "exl3_codebook.cuh"
+#include "exl3_trellis.cuh"
+
+namespace tf {
+
+constexpr int kGemvUnroll = 4;
+
+struct GemvLane {
+    int lane;
+    int quad;  // lane % 4: the row group 2·quad + {0, 1, 8, 9}
+};
+
+// Ring word `index` (< ring_words) of the tile whose words lanes hold in (word_a, word_b).
+__device__ __forceinline__ uint32_t ring_word(uint32_t word_a, uint32_t word_b, int index) {
+    const uint32_t from_a = __shfl_sync(0xFFFFFFFFu, word_a, index % 32);
+    const uint32_t from_b = __shfl_sync(0xFFFFFFFFu, word_b, index % 32);
+    return index < 32 ? from_a : from_b;
+}
+
+__device__ __forceinline__ void gemv_accumulate(const float* xs, const float (&w)[8], float& acc0, float& acc1) {
+    const float2 x01 = *reinterpret_cast<const float2*>(xs);
+    const float2 x89 = *reinterpret_cast<const float2*>(xs + 8);
+    acc0 = fmaf(x01.x, w[0], acc0); acc0 = fmaf(x01.y, w[1], acc0); acc0 = fmaf(x89.x, w[2], acc0); acc0 = fmaf(x89.y, w[3], acc0);
+    acc1 = fmaf(x01.x, w[4], acc1); acc1 = fmaf(x01.y, w[5], acc1); acc1 = fmaf(x89.x, w[6], acc1); acc1 = fmaf(x89.y, w[7], acc1);
+}
+
+// K integer 1..8, CB the codebook. `ring` points at the tile column's first tile (tile row 0);
+// consecutive tile rows are `row_stride` uint32 words apart.
+template <int K, int CB>
+__device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
+                                                 int first, int last, GemvLane g, float& acc0, float& acc1) {
+    constexpr int kRingWords = 8 * K;  // 256·K bits
+    constexpr int kTwoLoads = kRingWords > 32;
+    constexpr int kWindowBits = 16 + 7 * K;
+    constexpr int kAligned = (kWindowBits + 31) / 32;  // aligned words the cuts read
+    constexpr int kWords = (31 + kWindowBits + 31) / 32;  // ring words a window can touch
+    const uint32_t begin = static_cast<uint32_t>((8 * g.lane + 1) * K - 16 + 32 * kRingWords);
+    const int first_word = static_cast<int>((begin >> 5) % kRingWords);
+    const uint32_t offset = begin & 31u;
+
+    const auto decode_tile = [&](uint32_t word_a, uint32_t word_b, int tile_row) {
+        uint32_t words[kWords + 1];
+#pragma unroll
+        for (int j = 0; j < kWords; ++j) {
+            int index = first_word + j;
+            if (index >= kRingWords) index -= kRingWords;
+            words[j] = kTwoLoads ? ring_word(word_a, word_b, index) : __shfl_sync(0xFFFFFFFFu, word_a, index);
+        }
+        words[kWords] = 0u;
+        uint32_t aligned[kAligned + 1];
+#pragma unroll
+        for (int j = 0; j < kAligned; ++j) aligned[j] = __funnelshift_l(words[j + 1], words[j], offset);
+        aligned[kAligned] = 0u;
+        float w[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int start = e * K;  // compile-time after unrolling
+            const int word = start / 32;
+            const int bit = start % 32;
+            const uint32_t state = bit <= 16 ? (aligned[word] >> (16 - bit)) & 0xFFFFu
+                                             : __funnelshift_l(aligned[word + 1], aligned[word], bit) >> 16;
+            w[e] = __half2float(decode_state(state, CB));
+        }
+        gemv_accumulate(x + tile_row * 16 + 2 * g.quad, w, acc0, acc1);
+    };
+
+    int tile_row = first;
+    for (; tile_row + kGemvUnroll <= last; tile_row += kGemvUnroll) {
+        uint32_t a[kGemvUnroll], b[kGemvUnroll];
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; ++u) {
+            const uint32_t* tile = ring + static_cast<size_t>(tile_row + u) * row_stride;
+            a[u] = g.lane < kRingWords ? __ldcs(tile + g.lane) : 0u;
+            b[u] = kTwoLoads && g.lane + 32 < kRingWords ? __ldcs(tile + g.lane + 32) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; ++u) decode_tile(a[u], b[u], tile_row + u);
+    }
+    for (; tile_row < last; ++tile_row) {
+        const uint32_t* tile = ring + static_cast<size_t>(tile_row) * row_stride;
+        const uint32_t a = g.lane < kRingWords ? __ldcs(tile + g.lane) : 0u;
+        const uint32_t b = kTwoLoads && g.lane + 32 < kRingWords ? __ldcs(tile + g.lane + 32) : 0u;
+        decode_tile(a, b, tile_row);
+    }
+}
+
+// Any rate, the codebook at run time: every state's words and shift computed from end_bit.
+__device__ __forceinline__ void gemv_tiles_general(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
+                                                   int first, int last, int bits2, int codebook, GemvLane g, float& acc0, float& acc1) {
+    const int ring_words = 4 * bits2;
+    const uint32_t ring_bits = 32u * ring_words;
+    for (int tile_row = first; tile_row < last; ++tile_row) {
+        const uint32_t* tile = ring + static_cast<size_t>(tile_row) * row_stride;
+        const uint32_t word_a = g.lane < ring_words ? tile[g.lane] : 0u;
+        const uint32_t word_b = g.lane + 32 < ring_words ? tile[g.lane + 32] : 0u;
+        const uint32_t first_bit = end_bit(bits2, 8 * g.lane) + ring_bits - 16;
+        const uint32_t first_word = first_bit >> 5;
+        uint32_t words[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) words[j] = ring_word(word_a, word_b, static_cast<int>((first_word + j) % ring_words));
+        // A run-time index would put `words` in local memory: select among the registers instead.
+        const auto word_at = [&](uint32_t j) { return j == 0 ? words[0] : j == 1 ? words[1] : j == 2 ? words[2] : words[3]; };
+        float w[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const uint32_t end = end_bit(bits2, 8 * g.lane + e) + ring_bits;
+            const uint32_t high = word_at(((end - 16) >> 5) - first_word);
+            const uint32_t low = word_at(((end - 1) >> 5) - first_word);
+            const uint32_t shift = 32u * (((end - 1) >> 5) + 1) - end;
+            const uint32_t state = static_cast<uint32_t>(((static_cast<uint64_t>(high) << 32) | low) >> shift) & 0xFFFFu;
+            w[e] = __half2float(decode_state(state, codebook));
+        }
+        gemv_accumulate(x + tile_row * 16 + 2 * g.quad, w, acc0, acc1);
+    }
+}
+
+// Picks the compiled body for (bits2, codebook); half-integer rates take the general one.
+__device__ __forceinline__ void gemv_tiles(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
+                                           int first, int last, int bits2, int codebook, GemvLane g, float& acc0, float& acc1) {
+#define TF_GEMV_CASE(k)                                                                                    \
+    case 2 * k:                                                                                            \
+        if (codebook == kInst3) gemv_tiles_fixed<k, kInst3>(ring, row_stride, x, first, last, g, acc0, acc1); \
+        else if (codebook == kMcg) gemv_tiles_fixed<k, kMcg>(ring, row_stride, x, first, last, g, acc0, acc1); \
+        else gemv_tiles_fixed<k, kMul1>(ring, row_stride, x, first, last, g, acc0, acc1);                  \
+        return;
+    switch (bits2) {
+        TF_GEMV_CASE(1)
+        TF_GEMV_CASE(2)
+        TF_GEMV_CASE(3)
+        TF_GEMV_CASE(4)
+        TF_GEMV_CASE(5)
+        TF_GEMV_CASE(6)
+        TF_GEMV_CASE(7)
+        TF_GEMV_CASE(8)
+        default: gemv_tiles_general(ring, row_stride, x, first, last, bits2, codebook, g, acc0, acc1);
+    }
+#undef TF_GEMV_CASE
+}
+
+}  // namespace tf
