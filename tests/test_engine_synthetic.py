@@ -85,5 +85,15 @@ def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
     bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3"])
     table = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in table if line.split()[:1] in (["prefill"], ["decode"])]
-    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8)]
+    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8), ("decode", 1, 2)]
+    assert [r[5:] for r in rows] == [[], ["greedy"], ["greedy"], ["t0.7p0.95"]]
     assert all(float(r[4]) > 0 for r in rows)
+
+
+def test_the_layer_benchmark_runs_on_synthetic_models(capsys):
+    from trellisforge import bench_layers
+    bench_layers.main(["--synthetic", "tiny-2l", "tiny-3l", "--backend", "cpu", "--steps", "2"])
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("tiny-")]
+    assert [(r[0], int(r[1])) for r in rows] == [("tiny-2l", 1), ("tiny-3l", 2)]
+    assert "one MoE layer at M=1:" in out

@@ -41,22 +41,27 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     engine.logits(prompt)
     elapsed = time.perf_counter() - start
-    rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed))
-    for streams in (1, 4):
+    rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed, ""))
+    # Greedy, then sampled as chat clients do (temperature 0.7, top-p 0.95): the sampled row's
+    # logits cross to the host and are sorted there.
+    for streams, sampling in ((1, "greedy"), (4, "greedy"), (1, "t0.7p0.95")):
+        params = Sampling(max_tokens=args.decode_tokens)
+        if sampling != "greedy":
+            params = Sampling(max_tokens=args.decode_tokens, temperature=0.7, top_p=0.95, seed=1)
         for _ in range(streams):
-            engine.add(prompt[:16], Sampling(max_tokens=args.decode_tokens), stop_token_ids=[])
+            engine.add(prompt[:16], params, stop_token_ids=[])
         engine.step()  # the prompts' step
         produced = 0
         start = time.perf_counter()
         while engine.stats()["sequences_live"]:
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
-        rows.append(("decode", streams, produced, elapsed, produced / elapsed))
+        rows.append(("decode", streams, produced, elapsed, produced / elapsed, sampling))
     print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
     print(f"engine ready in {load_seconds:.1f} s")
-    print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
-    for phase, streams, tokens, seconds, rate in rows:
-        print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}")
+    print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}  sampling")
+    for phase, streams, tokens, seconds, rate, sampling in rows:
+        print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}  {sampling}")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ export fn tf_checkpoint_tensor_info(pointer: ?*const Handle, index: usize, out: 
     target.* = .{
         .name = tensor.name.ptr,
         .name_len = tensor.name.len,
-        .dtype = @intFromEnum(tensor.dtype),
+        .dtype = @backingInt(tensor.dtype),
         .rank = tensor.rank,
         .shape = tensor.shape_buffer,
     };
@@ -213,7 +213,7 @@ export fn tf_exl3_info_get(pointer: ?*const Handle, prefix: ?[*:0]const u8, out:
                 .in_features_padded = layer.rows,
                 .out_features_padded = layer.columns,
                 .bits_x2 = layer.rate.bits2,
-                .codebook = @intFromEnum(layer.codebook),
+                .codebook = @backingInt(layer.codebook),
                 .has_bias = @intFromBool(layer.bias != null),
                 .reserved = 0,
             };
@@ -309,7 +309,7 @@ export fn tf_exl3_encode_tiles(values: ?[*]const f32, tiles: usize, bits: u32, c
     for (source[0 .. tiles * 256]) |v| {
         if (!std.math.isFinite(v)) return fail(.invalid_argument, "values must be finite", .{});
     }
-    exl3.encode.encodeTiles(gpa, @intCast(bits), @enumFromInt(codebook), source[0 .. tiles * 256], target[0 .. tiles * 256]) catch
+    exl3.encode.encodeTiles(gpa, @intCast(bits), @fromBackingInt(@intCast(codebook)), source[0 .. tiles * 256], target[0 .. tiles * 256]) catch
         return fail(.out_of_memory, "out of memory for the encoder's workspaces", .{});
     return ok();
 }

@@ -48,7 +48,8 @@ __device__ __forceinline__ void gemv_accumulate(const float* xs, const float (&w
 }
 
 // K integer 1..8, CB the codebook. `ring` points at the tile column's first tile (tile row 0);
-// consecutive tile rows are `row_stride` uint32 words apart.
+// consecutive tile rows are `row_stride` uint32 words apart; x holds the rotated input of tile rows
+// first..last-1 (x[0] is input channel 16·first).
 template <int K, int CB>
 __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
                                                  int first, int last, GemvLane g, float& acc0, float& acc1) {
@@ -84,7 +85,7 @@ __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ri
                                              : __funnelshift_l(aligned[word + 1], aligned[word], bit) >> 16;
             w[e] = __half2float(decode_state(state, CB));
         }
-        gemv_accumulate(x + tile_row * 16 + 2 * g.quad, w, acc0, acc1);
+        gemv_accumulate(x + (tile_row - first) * 16 + 2 * g.quad, w, acc0, acc1);
     };
 
     int tile_row = first;
@@ -133,7 +134,7 @@ __device__ __forceinline__ void gemv_tiles_general(const uint32_t* __restrict__ 
             const uint32_t state = static_cast<uint32_t>(((static_cast<uint64_t>(high) << 32) | low) >> shift) & 0xFFFFu;
             w[e] = __half2float(decode_state(state, codebook));
         }
-        gemv_accumulate(x + tile_row * 16 + 2 * g.quad, w, acc0, acc1);
+        gemv_accumulate(x + (tile_row - first) * 16 + 2 * g.quad, w, acc0, acc1);
     }
 }
 

@@ -48,31 +48,64 @@ __device__ __forceinline__ void hadamard128(float (&v)[4]) {
 
 // ---- element-wise and row-wise ----
 
+// One block per (row, 256 columns): a decode step's single row is still spread over many blocks.
 extern "C" __global__ void tf_embed(const uint32_t* __restrict__ tokens, const float* __restrict__ table,
                                     float* __restrict__ out, int rows, int hidden) {
     const int row = blockIdx.x;
-    if (row >= rows) return;
-    const float* source = table + static_cast<size_t>(tokens[row]) * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[static_cast<size_t>(row) * hidden + i] = source[i];
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (row >= rows || i >= hidden) return;
+    out[static_cast<size_t>(row) * hidden + i] = table[static_cast<size_t>(tokens[row]) * hidden + i];
 }
 
-// w ⊙ x / sqrt(mean(x²) + eps), one block of 256 threads per row; out may alias x.
+// w ⊙ x / sqrt(mean(x²) + eps), one block of 256 threads per row; out may alias x (each thread
+// writes only what it read). Rows of up to 8192 values, a multiple of 4, are read once as float4
+// into registers, all loads issued before any is used: at one row per step the kernel is a single
+// block, and a loop of dependent loads made it ~14 us on the H200.
+constexpr int kNormCache = 8;
+
 extern "C" __global__ void __launch_bounds__(256) tf_rmsnorm(const float* x, const float* __restrict__ weight, float* out,
                                                              int rows, int width, float eps) {
     __shared__ float partial[8];
     const int row = blockIdx.x;
     if (row >= rows) return;
     const float* in = x + static_cast<size_t>(row) * width;
+    float* target = out + static_cast<size_t>(row) * width;
+    const bool cached = width % 4 == 0 && width <= 4 * 256 * kNormCache;
+    const int n4 = width / 4;
+    float4 v[kNormCache];
     float sum = 0.f;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) sum += in[i] * in[i];
+    if (cached) {
+        const float4* in4 = reinterpret_cast<const float4*>(in);
+#pragma unroll
+        for (int j = 0; j < kNormCache; ++j) {
+            const int i = threadIdx.x + j * 256;
+            v[j] = i < n4 ? in4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < kNormCache; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    } else {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) sum += in[i] * in[i];
+    }
     sum = warp_sum(sum);
     if (threadIdx.x % kWarp == 0) partial[threadIdx.x / kWarp] = sum;
     __syncthreads();
     float total = 0.f;
     for (int w = 0; w < 8; ++w) total += partial[w];
     const float inverse = 1.0f / sqrtf(total / width + eps);
-    __syncthreads();
-    for (int i = threadIdx.x; i < width; i += blockDim.x) out[static_cast<size_t>(row) * width + i] = weight[i] * (in[i] * inverse);
+    if (cached) {
+        const float4* weight4 = reinterpret_cast<const float4*>(weight);
+        float4* target4 = reinterpret_cast<float4*>(target);
+#pragma unroll
+        for (int j = 0; j < kNormCache; ++j) {
+            const int i = threadIdx.x + j * 256;
+            if (i >= n4) continue;
+            const float4 w = weight4[i];
+            target4[i] = make_float4(w.x * (v[j].x * inverse), w.y * (v[j].y * inverse), w.z * (v[j].z * inverse), w.w * (v[j].w * inverse));
+        }
+    } else {
+        __syncthreads();
+        for (int i = threadIdx.x; i < width; i += blockDim.x) target[i] = weight[i] * (in[i] * inverse);
+    }
 }
 
 // out[i] = x[rows[i]]: the rows whose logits are wanted, before a dense lm_head.
@@ -108,51 +141,64 @@ struct Exl3Layer {
     const float* bias;      // (n) or null
 };
 
-// xr[item] = H128(x[source_row[item]] ⊙ suh), zero beyond in_features. One warp per 128-chunk.
-extern "C" __global__ void tf_exl3_rotate_in(const float* __restrict__ x, const int* __restrict__ source_rows,
-                                             const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers,
-                                             float* __restrict__ xr, int items, int in_features, int k_p) {
-    const int item = blockIdx.y;
-    const int chunk = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-    if (item >= items || chunk * kHadamard >= k_p) return;
-    const int lane = threadIdx.x % kWarp;
-    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
-    const float* row = x + static_cast<size_t>(source_rows ? source_rows[item] : item) * in_features;
-    float v[4];
-    for (int i = 0; i < 4; ++i) {
-        const int k = chunk * kHadamard + 4 * lane + i;
-        v[i] = k < in_features ? row[k] * half_to_float(layer.suh[k]) : 0.f;
-    }
-    hadamard128(v);
-    for (int i = 0; i < 4; ++i) xr[static_cast<size_t>(item) * k_p + chunk * kHadamard + 4 * lane + i] = v[i];
-}
+// y[item] = H128(H128(x[row] ⊙ suh) · Wq) ⊙ svh + bias, trimmed to out_features, in one launch.
+// Item i reads source row `source_rows[i]` (or i % group_items) and layer `layer_of_item[i]` (or
+// i / group_items): plain layers, a pair of layers on the same rows (gate and up), and grouped
+// experts through pointer tables. With `up`, the input is silu(x) · up (SwiGLU), fused here.
+//
+// One 256-thread block per (128 output columns, k split, item). The block first rotates its own
+// split's 256 input channels into shared memory (two 128-chunks, a warp each), then each warp runs
+// the trellis GEMV of one 16-column tile column over the split's 16 tile rows (exl3_gemv.cuh) and
+// writes its partial sums. The last block of an (item, 128 columns) to finish, told by a counter,
+// sums the splits' partials in ascending split order (so the result does not depend on which block
+// came last), applies the output Hadamard, svh and bias, and resets the counter for the next launch.
+// Tile and split sizes depend on the shape alone: a row's bits do not depend on its batch.
+constexpr int kLinearWarps = 8;
+constexpr int kSplitChannels = 256;  // 16 tile rows: tilesPerSplit() in glm_kernels.zig
 
-// partial[split, item, :] = xr[item, rows of the split] · Wq[rows of the split, :].
-// One warp per 16-column tile column (4 per block), one block per (tile-column group, split, item);
-// the body is exl3_gemv.cuh. The four lanes of a column sum in a fixed tree, tile rows in ascending
-// order, so each output is the same sum for any number of items.
-constexpr int kGemvWarps = 4;
-
-extern "C" __global__ void __launch_bounds__(128) tf_exl3_gemv(const float* __restrict__ xr, const int* __restrict__ layer_of_item,
-                                                              const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
-                                                              int items, int k_p, int n_p, int bits2, int codebook,
-                                                              int tiles_per_split) {
+extern "C" __global__ void __launch_bounds__(256) tf_exl3_item_linear(
+    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
+    const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
+    int out_features, int k_p, int n_p, int bits2, int codebook) {
+    __shared__ float xs[kSplitChannels];
+    __shared__ int last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
-    const int tile_column = blockIdx.x * kGemvWarps + warp;
+    const int chunk = blockIdx.x;
     const int split = blockIdx.y;
+    const int splits = gridDim.y;
     const int item = blockIdx.z;
-    const int tile_columns = n_p / 16;
-    if (item >= items || tile_column >= tile_columns) return;
-    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
-    const int tile_rows = k_p / 16;
-    const int first = split * tiles_per_split;
-    const int last = min(tile_rows, first + tiles_per_split);
+    if (item >= items) return;
+    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : item / group_items];
+    const int row = source_rows ? source_rows[item] : item % group_items;
+    const int first = split * (kSplitChannels / 16);
+    const int last = min(k_p / 16, first + kSplitChannels / 16);
+
+    if (warp < (last - first) * 16 / kHadamard) {
+        const size_t at = static_cast<size_t>(row) * in_features;
+        float v[4];
+        for (int i = 0; i < 4; ++i) {
+            const int k = first * 16 + warp * kHadamard + 4 * lane + i;
+            float value = 0.f;
+            if (k < in_features) {
+                float a = x[at + k];
+                if (up) a = a / (1.0f + expf(-a)) * up[at + k];
+                value = a * half_to_float(layer.suh[k]);
+            }
+            v[i] = value;
+        }
+        hadamard128(v);
+        for (int i = 0; i < 4; ++i) xs[warp * kHadamard + 4 * lane + i] = v[i];
+    }
+    __syncthreads();
+
+    const int tile_column = chunk * kLinearWarps + warp;
     const int quad = lane % 4;
-    const size_t row_stride = static_cast<size_t>(tile_columns) * 4 * bits2;  // uint32 words per tile row
+    const size_t row_stride = static_cast<size_t>(n_p / 16) * 4 * bits2;  // uint32 words per tile row
     const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * bits2;
     float acc0 = 0.f, acc1 = 0.f;
-    tf::gemv_tiles(ring, row_stride, xr + static_cast<size_t>(item) * k_p, first, last, bits2, codebook, {lane, quad}, acc0, acc1);
+    tf::gemv_tiles(ring, row_stride, xs, first, last, bits2, codebook, {lane, quad}, acc0, acc1);
     // The four lanes of a column quad hold its four row groups: a fixed two-step tree.
     acc0 += __shfl_xor_sync(0xFFFFFFFFu, acc0, 1);
     acc1 += __shfl_xor_sync(0xFFFFFFFFu, acc1, 1);
@@ -163,23 +209,22 @@ extern "C" __global__ void __launch_bounds__(128) tf_exl3_gemv(const float* __re
         out[0] = acc0;
         out[8] = acc1;
     }
-}
 
-// y[item] = H128(Σ_split partial[split, item]) ⊙ svh + bias, trimmed to out_features; the splits
-// are summed in ascending order. One warp per 128-chunk.
-extern "C" __global__ void tf_exl3_rotate_out(const float* __restrict__ partial, const int* __restrict__ layer_of_item,
-                                              const Exl3Layer* __restrict__ layers, float* __restrict__ y,
-                                              int items, int n_p, int out_features, int splits) {
-    const int item = blockIdx.y;
-    const int chunk = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-    if (item >= items || chunk * kHadamard >= n_p) return;
-    const int lane = threadIdx.x % kWarp;
-    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : 0];
+    __threadfence();  // the partials are visible GPU-wide before the counter says so
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int* counter = counters + static_cast<size_t>(item) * gridDim.x + chunk;
+        last_block = atomicAdd(counter, 1u) == static_cast<unsigned int>(splits - 1);
+        if (last_block) *counter = 0u;
+    }
+    __syncthreads();
+    if (!last_block || warp != 0) return;
+    __threadfence();
     float v[4];
     for (int i = 0; i < 4; ++i) {
+        const int n = chunk * kHadamard + 4 * lane + i;
         float sum = 0.f;
-        for (int split = 0; split < splits; ++split)
-            sum += partial[(static_cast<size_t>(split) * items + item) * n_p + chunk * kHadamard + 4 * lane + i];
+        for (int s = 0; s < splits; ++s) sum += __ldcg(partial + (static_cast<size_t>(s) * items + item) * n_p + n);
         v[i] = sum;
     }
     hadamard128(v);
@@ -212,7 +257,7 @@ extern "C" __global__ void tf_dense_matmul(const float* __restrict__ x, const fl
 // ---- attention ----
 
 // Per-head RMSNorm (optional), partial rotate-half RoPE on the first rotary_dim dims (GLM.md §3.4),
-// then keys and values into the paged cache. One block per row; a warp per head.
+// then keys and values into the paged cache. A warp per (row, head), 8 per block.
 extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                             const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                             const float* __restrict__ cos_sin, const uint32_t* __restrict__ positions,
@@ -226,7 +271,8 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
     if (row >= rows) return;
     const float* cs = cos_sin + static_cast<size_t>(row) * rotary_dim;
     const int half = rotary_dim / 2;
-    for (int h = warp; h < heads + kv_heads; h += blockDim.x / kWarp) {
+    const int warps = blockDim.x / kWarp;
+    for (int h = blockIdx.y * warps + warp; h < heads + kv_heads; h += gridDim.y * warps) {
         const bool is_q = h < heads;
         float* head = is_q ? q + (static_cast<size_t>(row) * heads + h) * head_dim
                            : k + (static_cast<size_t>(row) * kv_heads + (h - heads)) * head_dim;
@@ -340,7 +386,11 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* _
 // Expert selection of one row from tf_route_logits' scratch: on the choice scores (group-limited
 // when groups > 1), weights from the unbiased sigmoid, normalised, scaled. Writes each row's
 // experts in ascending index and their weights. One 256-thread block per row.
+//
+// For the gate/up launch of the experts, which runs 2·rows·top_k items, it also writes the items'
+// layers (gate table entries 0..experts-1, then up entries experts..2·experts-1) and source rows.
 extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ experts_out, float* __restrict__ weights_out,
+                                                           int* __restrict__ pair_layers, int* __restrict__ pair_rows,
                                                            float* __restrict__ scratch, int rows, int experts, int top_k,
                                                            int groups, int groups_per_token, int normalize, float scaling) {
     const int row = blockIdx.x;
@@ -406,6 +456,14 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ exp
     if (threadIdx.x != 0) return;
     for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
         for (int j = i; j > 0 && chosen[j - 1] > chosen[j]; --j) { const int t = chosen[j]; chosen[j] = chosen[j - 1]; chosen[j - 1] = t; }
+    const size_t items = static_cast<size_t>(rows) * top_k;
+    for (int slot = 0; slot < top_k; ++slot) {
+        const size_t i = static_cast<size_t>(row) * top_k + slot;
+        pair_layers[i] = chosen[slot];
+        pair_layers[items + i] = experts + chosen[slot];
+        pair_rows[i] = row;
+        pair_rows[items + i] = row;
+    }
     float total = 0.f;
     for (int slot = 0; slot < top_k; ++slot) total += probability[chosen[slot]];
     for (int slot = 0; slot < top_k; ++slot) {
@@ -429,4 +487,60 @@ extern "C" __global__ void tf_moe_combine(const float* __restrict__ expert_out, 
         sum += expert_out[(static_cast<size_t>(row) * top_k + slot) * hidden + d] * weights[row * top_k + slot];
     if (shared) sum += shared[i];
     out[i] = sum;
+}
+
+// ---- sampling support ----
+
+// Device twin of core/logits_summary.zig's LogitsSummary.
+struct LogitsSummary {
+    double log_total;
+    float max;
+    uint32_t argmax;
+};
+
+// Per logits row: the highest logit, its token (the lowest id on a tie) and log Σ exp(l − max),
+// summed in f64 (as the host does) over a fixed tree. One 1024-thread block per row.
+extern "C" __global__ void __launch_bounds__(1024) tf_logits_summary(const float* __restrict__ logits, LogitsSummary* __restrict__ out,
+                                                                     int rows, int vocab) {
+    __shared__ float best_sh[32];
+    __shared__ int index_sh[32];
+    __shared__ double sum_sh[32];
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* in = logits + static_cast<size_t>(row) * vocab;
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    float best = -INFINITY;
+    int index = vocab;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float v = in[i];
+        if (v > best || index == vocab) { best = v; index = i; }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const float other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
+        const int other_index = __shfl_xor_sync(0xFFFFFFFFu, index, offset);
+        if (other > best || (other == best && other_index < index)) { best = other; index = other_index; }
+    }
+    if (lane == 0) { best_sh[warp] = best; index_sh[warp] = index; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+            if (best_sh[w] > best_sh[0] || (best_sh[w] == best_sh[0] && index_sh[w] < index_sh[0])) {
+                best_sh[0] = best_sh[w];
+                index_sh[0] = index_sh[w];
+            }
+        }
+    }
+    __syncthreads();
+    const float max = best_sh[0];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += exp(static_cast<double>(in[i] - max));
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+    if (lane == 0) sum_sh[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += sum_sh[w];
+        out[row] = {static_cast<double>(max) + log(total), max, static_cast<uint32_t>(index_sh[0])};
+    }
 }

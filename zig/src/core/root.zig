@@ -8,6 +8,7 @@ pub const checkpoint = @import("checkpoint.zig");
 pub const Checkpoint = checkpoint.Checkpoint;
 pub const config = @import("config.zig");
 pub const parallel = @import("parallel.zig");
+pub const LogitsSummary = @import("logits_summary.zig").LogitsSummary;
 
 test {
     _ = dtype;
@@ -16,6 +17,7 @@ test {
     _ = @import("checkpoint.zig");
     _ = config;
     _ = parallel;
+    _ = @import("logits_summary.zig");
     _ = @import("once.zig");
     _ = @import("contract/registry.zig");
 }

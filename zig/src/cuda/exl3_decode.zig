@@ -29,7 +29,7 @@ pub fn run(gpu: *const gpu_mod.Gpu, module: *const DecodeModule, args: Args, dia
     var tile_rows: c_int = @intCast(args.tile_rows);
     var tile_columns: c_int = @intCast(args.tile_columns);
     var bits2: c_int = args.rate.bits2;
-    var codebook: c_int = @intFromEnum(args.codebook);
+    var codebook: c_int = @backingInt(args.codebook);
     try gpu_mod.launch(gpu, module.function("tf_exl3_decode"), .{
         .grid = .{ args.tile_columns, args.tile_rows, 1 },
         .block = .{ exl3.trellis.tile_weights, 1, 1 },

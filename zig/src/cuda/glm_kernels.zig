@@ -9,9 +9,9 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_embed",          "tf_rmsnorm",         "tf_add",         "tf_swiglu",       "tf_gather_rows",
-    "tf_exl3_rotate_in", "tf_exl3_gemv",     "tf_exl3_rotate_out", "tf_dense_matmul", "tf_qk_rope_store",
-    "tf_attention",      "tf_route_logits",    "tf_route",           "tf_moe_combine",
+    "tf_embed",            "tf_rmsnorm",      "tf_add",            "tf_swiglu",    "tf_gather_rows",
+    "tf_exl3_item_linear", "tf_dense_matmul", "tf_qk_rope_store",  "tf_attention", "tf_route_logits",
+    "tf_route",            "tf_moe_combine",  "tf_logits_summary",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -30,17 +30,20 @@ comptime {
     std.debug.assert(@sizeOf(Exl3Layer) == 32);
 }
 
-/// Tile rows per split of the GEMV's k loop: 16 (256 input channels), so that decode has enough
-/// warps in flight (a profile of a GLM-4.5-Air layer on the H200 showed 96-tile chains serializing
-/// o_proj). A function of the shape alone, so a row's sum does not depend on how many rows are
-/// batched.
-pub fn tilesPerSplit(k_p: usize) usize {
-    _ = k_p;
-    return 16;
-}
+/// Tile rows per split of the GEMV's k loop: 16 (256 input channels, the kernel's shared buffer),
+/// so that decode has enough warps in flight (a profile of a GLM-4.5-Air layer on the H200 showed
+/// 96-tile chains serializing o_proj). A function of the shape alone, so a row's sum does not
+/// depend on how many rows are batched.
+pub const tiles_per_split = 16;
 
 pub fn splitsFor(k_p: usize) usize {
-    return std.math.divCeil(usize, k_p / 16, tilesPerSplit(k_p)) catch unreachable;
+    return std.math.divCeil(usize, k_p / 16, tiles_per_split) catch unreachable;
+}
+
+/// Completion counters tf_exl3_item_linear needs for `items` items of n_p columns: one per (item, 128
+/// columns). Zero when allocated; each launch leaves them zero.
+pub fn countersFor(items: usize, n_p: usize) usize {
+    return items * (n_p / 128);
 }
 
 pub const Kernels = struct {
@@ -58,7 +61,7 @@ pub const Kernels = struct {
 
     pub fn embed(k: Kernels, tokens: Ptr, table: Ptr, out: Ptr, rows: usize, hidden: usize) Error!void {
         var a = .{ tokens, table, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(hidden)) };
-        try k.run("tf_embed", .{ @intCast(rows), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4] });
+        try k.run("tf_embed", .{ @intCast(rows), blocks(hidden, 256), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4] });
     }
 
     /// 256 threads per row: the kernel's 8-warp reduction assumes exactly that.
@@ -84,11 +87,13 @@ pub const Kernels = struct {
 
     pub const Exl3Call = struct {
         x: Ptr,
-        source_rows: Ptr, // 0: item i reads row i
-        layer_of_item: Ptr, // 0: every item uses table entry 0
+        up: Ptr = 0, // non-zero: the input is silu(x) · up
+        source_rows: Ptr = 0, // 0: item i reads row i % group_items
+        layer_of_item: Ptr = 0, // 0: item i uses table entry i / group_items
+        group_items: usize = 0, // 0: items (every item entry 0, row i)
         table: Ptr, // Exl3Layer[]
-        xr: Ptr, // scratch (items, k_p)
         acc: Ptr, // scratch (splitsFor(k_p), items, n_p) partial sums
+        counters: Ptr, // countersFor(items, n_p) zeroed u32
         y: Ptr, // (items, out_features)
         items: usize,
         in_features: usize,
@@ -99,24 +104,18 @@ pub const Kernels = struct {
         codebook: u8,
     };
 
-    /// Three launches: rotate in (a warp per 128-chunk, 8 per block), the trellis GEMV (a warp per
-    /// tile column, 4 per block, split along k by the shape alone), rotate out (sums the splits).
+    /// One launch: a 256-thread block per (128 output columns, k split, item).
     pub fn exl3Linear(k: Kernels, c: Exl3Call) Error!void {
-        const items: c_int = @intCast(c.items);
-        const in_features: c_int = @intCast(c.in_features);
-        const out_features: c_int = @intCast(c.out_features);
-        const k_p: c_int = @intCast(c.k_p);
-        const n_p: c_int = @intCast(c.n_p);
-        const bits2: c_int = c.bits2;
-        const codebook: c_int = c.codebook;
-        var r_in = .{ c.x, c.source_rows, c.layer_of_item, c.table, c.xr, items, in_features, k_p };
-        try k.run("tf_exl3_rotate_in", .{ blocks(c.k_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_in[0], &r_in[1], &r_in[2], &r_in[3], &r_in[4], &r_in[5], &r_in[6], &r_in[7] });
-        const tiles_per_split: c_int = @intCast(tilesPerSplit(c.k_p));
-        const splits: c_int = @intCast(splitsFor(c.k_p));
-        var mm = .{ c.xr, c.layer_of_item, c.table, c.acc, items, k_p, n_p, bits2, codebook, tiles_per_split };
-        try k.run("tf_exl3_gemv", .{ blocks(c.n_p / 16, 4), @intCast(splits), @intCast(c.items) }, 128, .{ &mm[0], &mm[1], &mm[2], &mm[3], &mm[4], &mm[5], &mm[6], &mm[7], &mm[8], &mm[9] });
-        var r_out = .{ c.acc, c.layer_of_item, c.table, c.y, items, n_p, out_features, splits };
-        try k.run("tf_exl3_rotate_out", .{ blocks(c.n_p / 128, 8), @intCast(c.items), 1 }, 256, .{ &r_out[0], &r_out[1], &r_out[2], &r_out[3], &r_out[4], &r_out[5], &r_out[6], &r_out[7] });
+        std.debug.assert(c.k_p % 128 == 0 and c.n_p % 128 == 0);
+        var a = .{
+            c.x,                           c.up,                                                                     c.source_rows,                       c.layer_of_item,
+            c.table,                       c.acc,                                                                    c.counters,                          c.y,
+            @as(c_int, @intCast(c.items)), @as(c_int, @intCast(if (c.group_items == 0) c.items else c.group_items)), @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
+            @as(c_int, @intCast(c.k_p)),   @as(c_int, @intCast(c.n_p)),                                              @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p)), @intCast(c.items) }, 256, ptrs);
     }
 
     /// A warp per (row, output), 8 warps per block.
@@ -150,14 +149,14 @@ pub const Kernels = struct {
 
     pub fn qkRopeStore(k: Kernels, c: RopeStore) Error!void {
         var a = .{
-            c.q,                              c.k,                               c.v,                                 c.q_norm,                             c.k_norm,
-            c.cos_sin,                        c.positions,                       c.tables,                            c.table_offsets,                      c.cache_k,
-            c.cache_v,                        @as(c_int, @intCast(c.rows)),      @as(c_int, @intCast(c.heads)),       @as(c_int, @intCast(c.kv_heads)),     @as(c_int, @intCast(c.head_dim)),
-            @as(c_int, @intCast(c.rotary_dim)), c.eps,                           @as(c_int, @intCast(c.layers)),      @as(c_int, @intCast(c.layer)),        @as(c_int, @intCast(c.page_tokens)),
+            c.q,                                c.k,                          c.v,                            c.q_norm,                         c.k_norm,
+            c.cos_sin,                          c.positions,                  c.tables,                       c.table_offsets,                  c.cache_k,
+            c.cache_v,                          @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(c.heads)),  @as(c_int, @intCast(c.kv_heads)), @as(c_int, @intCast(c.head_dim)),
+            @as(c_int, @intCast(c.rotary_dim)), c.eps,                        @as(c_int, @intCast(c.layers)), @as(c_int, @intCast(c.layer)),    @as(c_int, @intCast(c.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_qk_rope_store", .{ @intCast(c.rows), 1, 1 }, 256, ptrs);
+        try k.run("tf_qk_rope_store", .{ @intCast(c.rows), blocks(c.heads + c.kv_heads, 8), 1 }, 256, ptrs);
     }
 
     pub const Attention = struct {
@@ -182,10 +181,10 @@ pub const Kernels = struct {
     /// A 128-thread block per (row, head).
     pub fn attention(k: Kernels, c: Attention) Error!void {
         var a = .{
-            c.q,                             c.cache_k,                         c.cache_v,                         c.positions,
-            c.tables,                        c.table_offsets,                   c.scores,                          c.out,
-            @as(c_int, @intCast(c.rows)),    @as(c_int, @intCast(c.heads)),     @as(c_int, @intCast(c.kv_heads)),  @as(c_int, @intCast(c.head_dim)),
-            @as(c_int, @intCast(c.layers)),  @as(c_int, @intCast(c.layer)),     @as(c_int, @intCast(c.page_tokens)), @as(c_int, @intCast(c.context_max)),
+            c.q,                            c.cache_k,                     c.cache_v,                           c.positions,
+            c.tables,                       c.table_offsets,               c.scores,                            c.out,
+            @as(c_int, @intCast(c.rows)),   @as(c_int, @intCast(c.heads)), @as(c_int, @intCast(c.kv_heads)),    @as(c_int, @intCast(c.head_dim)),
+            @as(c_int, @intCast(c.layers)), @as(c_int, @intCast(c.layer)), @as(c_int, @intCast(c.page_tokens)), @as(c_int, @intCast(c.context_max)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
@@ -198,6 +197,8 @@ pub const Kernels = struct {
         correction: Ptr,
         experts_out: Ptr,
         weights_out: Ptr,
+        pair_layers: Ptr,
+        pair_rows: Ptr,
         scratch: Ptr,
         rows: usize,
         hidden: usize,
@@ -217,13 +218,19 @@ pub const Kernels = struct {
         var l = .{ c.x, c.gate, c.correction, c.scratch, rows, @as(c_int, @intCast(c.hidden)), experts };
         try k.run("tf_route_logits", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
         var a = .{
-            c.experts_out,                       c.weights_out,                          c.scratch,                        rows,
-            experts,                             @as(c_int, @intCast(c.top_k)),          @as(c_int, @intCast(c.groups)),  @as(c_int, @intCast(c.groups_per_token)),
-            @as(c_int, @intFromBool(c.normalize)), c.scaling,
+            c.experts_out,                  c.weights_out,                            c.pair_layers,                         c.pair_rows,
+            c.scratch,                      rows,                                     experts,                               @as(c_int, @intCast(c.top_k)),
+            @as(c_int, @intCast(c.groups)), @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         try k.run("tf_route", .{ @intCast(c.rows), 1, 1 }, 256, ptrs);
+    }
+
+    /// A 1024-thread block per logits row; `out` is core.LogitsSummary[rows].
+    pub fn logitsSummary(k: Kernels, logits: Ptr, out: Ptr, rows: usize, vocab: usize) Error!void {
+        var a = .{ logits, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(vocab)) };
+        try k.run("tf_logits_summary", .{ @intCast(rows), 1, 1 }, 1024, .{ &a[0], &a[1], &a[2], &a[3] });
     }
 
     pub fn moeCombine(k: Kernels, expert_out: Ptr, weights: Ptr, shared: Ptr, out: Ptr, rows: usize, top_k: usize, hidden: usize) Error!void {

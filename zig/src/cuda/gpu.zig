@@ -73,10 +73,23 @@ pub const Gpu = struct {
         try gpu.driver.check(gpu.driver.api.cuMemcpyHtoDAsync_v2(target, source.ptr, source.len, gpu.stream), "cuMemcpyHtoDAsync", diag);
     }
 
+    /// Queued after the kernels; complete after the next `synchronize`.
+    pub fn downloadAsync(gpu: *const Gpu, target: []u8, source: DevicePtr, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuMemcpyDtoHAsync_v2(target.ptr, source, target.len, gpu.stream), "cuMemcpyDtoHAsync", diag);
+    }
+
     /// Ordered after the queued kernels, and complete when it returns.
     pub fn download(gpu: *const Gpu, target: []u8, source: DevicePtr, diag: *Diagnostic) Error!void {
         try gpu.driver.check(gpu.driver.api.cuMemcpyDtoHAsync_v2(target.ptr, source, target.len, gpu.stream), "cuMemcpyDtoHAsync", diag);
         try gpu.synchronize(diag);
+    }
+
+    /// Zero bytes, ordered after the queued kernels and complete when it returns.
+    pub fn zero(gpu: *const Gpu, target: DevicePtr, size_bytes: usize, diag: *Diagnostic) Error!void {
+        try gpu.synchronize(diag);
+        try gpu.driver.check(gpu.driver.api.cuMemsetD8_v2(target, 0, size_bytes), "cuMemsetD8", diag);
+        // The memset runs on the legacy stream, which the non-blocking stream does not wait for.
+        try gpu.driver.check(gpu.driver.api.cuCtxSynchronize(), "cuCtxSynchronize", diag);
     }
 
     /// Fills with a byte pattern so that an element a kernel failed to write shows up.

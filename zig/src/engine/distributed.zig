@@ -78,7 +78,7 @@ pub const Rank = struct {
         errdefer self.deinit();
         try tcp.acceptPeers(host, port, self.peers[0 .. shape.world - 1], peer_timeout_s, diag);
         for (self.peers[0 .. shape.world - 1]) |*peer| try peer.sendValue(shape, diag);
-        if (shape.collective == @intFromEnum(Collective.nccl)) {
+        if (shape.collective == @backingInt(Collective.nccl)) {
             const id = try self.nccl.?.uniqueId(diag);
             for (self.peers[0 .. shape.world - 1]) |*peer| try peer.sendValue(id, diag);
             self.comm = try self.nccl.?.initRank(shape.world, 0, id, diag);
@@ -98,7 +98,7 @@ pub const Rank = struct {
         const self = try init(gpa, full, shape, rank, diag);
         self.master = master;
         errdefer self.deinit();
-        if (shape.collective == @intFromEnum(Collective.nccl)) {
+        if (shape.collective == @backingInt(Collective.nccl)) {
             const id = try master.recvValue(nccl_mod.UniqueId, diag);
             self.comm = try self.nccl.?.initRank(shape.world, rank, id, diag);
         }
@@ -144,7 +144,7 @@ pub const Rank = struct {
             }, diag);
         }
         errdefer if (self.gpu) |g| g.deinit();
-        if (shape.collective == @intFromEnum(Collective.nccl)) self.nccl = try nccl_mod.Nccl.open(diag);
+        if (shape.collective == @backingInt(Collective.nccl)) self.nccl = try nccl_mod.Nccl.open(diag);
         return self;
     }
 

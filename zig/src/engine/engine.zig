@@ -95,6 +95,9 @@ pub const Engine = struct {
     logits_rows: []u32,
     logits_slots: []u32,
     logits: []f32, // (logits_rows_max, vocab)
+    summaries: []core.LogitsSummary, // (logits_rows_max)
+    /// Per logits row of a step: whether its sampling reads the row (sampler.needsLogits).
+    logits_wanted: []bool,
     logits_rows_max: usize,
     plan_arena: std.heap.ArenaAllocator,
     gpu_model: ?*glm.cuda_exl3.GpuModel,
@@ -103,7 +106,7 @@ pub const Engine = struct {
 
     /// With `master`, this engine is rank 0 of `tp_world` processes and waits for the others.
     pub fn init(gpa: std.mem.Allocator, model_dir: []const u8, requested: Params, master: ?Master, diag: *Diagnostic) Error!*Engine {
-        if (requested.backend != @intFromEnum(Backend.cpu) and requested.backend != @intFromEnum(Backend.cuda)) {
+        if (requested.backend != @backingInt(Backend.cpu) and requested.backend != @backingInt(Backend.cuda)) {
             diag.set("backend {d} is neither 0 (cpu) nor 1 (cuda)", .{requested.backend});
             return error.InvalidArgument;
         }
@@ -158,7 +161,7 @@ pub const Engine = struct {
             .head_dim = model.head_dim,
             .page_tokens = p.page_tokens,
             .pages = p.kv_pages,
-        }, p.backend == @intFromEnum(Backend.cpu) and p.tp_world == 1);
+        }, p.backend == @backingInt(Backend.cpu) and p.tp_world == 1);
         errdefer engine.cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
         errdefer engine.scratch.deinit();
@@ -167,7 +170,7 @@ pub const Engine = struct {
         try engine.allocPlan();
         errdefer engine.plan_arena.deinit();
         engine.gpu_model = null;
-        if (p.backend == @intFromEnum(Backend.cuda) and master == null) {
+        if (p.backend == @backingInt(Backend.cuda) and master == null) {
             engine.gpu_model = try glm.cuda_exl3.GpuModel.init(gpa, &engine.weights, .{
                 .rows_max = p.rows_max,
                 .logits_rows_max = engine.logits_rows_max,
@@ -188,7 +191,7 @@ pub const Engine = struct {
             engine.distributed_rank = try distributed.Rank.initMaster(gpa, &engine.weights, .{
                 .world = p.tp_world,
                 .backend = @intCast(p.backend),
-                .collective = @intFromEnum(tpCollective(p)),
+                .collective = @backingInt(tpCollective(p)),
                 .logits_rows_max = @intCast(engine.logits_rows_max),
                 .rows_max = p.rows_max,
                 .context_max = p.context_tokens_max,
@@ -197,7 +200,7 @@ pub const Engine = struct {
                 .pages_per_sequence = @intCast(engine.sequences[0].pages.len),
             }, m.host, m.port, diag);
         } else if (p.tp_world > 1) {
-            if (p.backend != @intFromEnum(Backend.cpu)) {
+            if (p.backend != @backingInt(Backend.cpu)) {
                 diag.set("tensor parallelism inside one process runs on the cpu backend; GPUs take one process per rank", .{});
                 return error.InvalidArgument;
             }
@@ -234,6 +237,8 @@ pub const Engine = struct {
         engine.logits_rows = try a.alloc(u32, engine.logits_rows_max);
         engine.logits_slots = try a.alloc(u32, engine.logits_rows_max);
         engine.logits = try a.alloc(f32, engine.logits_rows_max * engine.weights.config.vocab_size);
+        engine.summaries = try a.alloc(core.LogitsSummary, engine.logits_rows_max);
+        engine.logits_wanted = try a.alloc(bool, engine.logits_rows_max);
     }
 
     pub fn deinit(engine: *Engine) void {
@@ -409,17 +414,22 @@ pub const Engine = struct {
             table.* = sequence.pages[0..sequence.pages_used];
         }
         const vocab = engine.config().vocab_size;
-        try engine.runForward(rows, logits_count, diag);
+        for (engine.logits_slots[0..logits_count], engine.logits_wanted[0..logits_count]) |slot, *wanted| {
+            wanted.* = sampler.needsLogits(&engine.sequences[slot].sampling);
+        }
+        try engine.runForward(rows, logits_count, engine.logits_wanted[0..logits_count], diag);
         for (engine.batch_slots[0..rows]) |slot| engine.sequences[slot].computed += 1;
 
         for (engine.logits_slots[0..logits_count], 0..) |slot, i| {
-            records[i] = engine.sampleInto(&engine.sequences[slot], engine.logits[i * vocab ..][0..vocab]);
+            const row: ?[]const f32 = if (engine.logits_wanted[i]) engine.logits[i * vocab ..][0..vocab] else null;
+            records[i] = engine.sampleInto(&engine.sequences[slot], row, engine.summaries[i]);
         }
         return logits_count;
     }
 
-    /// The planned batch through the model, on the engine's backend.
-    fn runForward(engine: *Engine, rows: usize, logits_count: usize, diag: *Diagnostic) Error!void {
+    /// The planned batch through the model, on the engine's backend: the logits of the rows
+    /// `wanted` names (all when null) and every logits row's summary.
+    fn runForward(engine: *Engine, rows: usize, logits_count: usize, wanted: ?[]const bool, diag: *Diagnostic) Error!void {
         const batch: glm.forward_cpu.Batch = .{
             .tokens = engine.batch_tokens[0..rows],
             .positions = engine.batch_positions[0..rows],
@@ -427,8 +437,9 @@ pub const Engine = struct {
             .logits_rows = engine.logits_rows[0..logits_count],
         };
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
+        const summaries = engine.summaries[0..logits_count];
         if (engine.gpu_model) |model| {
-            try model.forward(batch, logits, diag);
+            return model.forwardSummarized(batch, logits, summaries, wanted, diag);
         } else if (engine.distributed_rank) |rank| {
             try rank.forward(batch, logits, diag);
         } else if (engine.tensor_parallel) |group| {
@@ -436,6 +447,8 @@ pub const Engine = struct {
         } else {
             glm.forward_cpu.forward(&engine.weights, &engine.cache, batch, &engine.scratch, logits);
         }
+        const vocab = engine.config().vocab_size;
+        for (summaries, 0..) |*summary, i| summary.* = core.LogitsSummary.of(logits[i * vocab ..][0..vocab]);
     }
 
     fn activeInIdOrder(engine: *const Engine, order: *[256]u32) []const u32 {
@@ -459,12 +472,12 @@ pub const Engine = struct {
         sequence.pages_used += 1;
     }
 
-    fn sampleInto(engine: *Engine, sequence: *Sequence, logits: []const f32) Record {
+    fn sampleInto(engine: *Engine, sequence: *Sequence, logits: ?[]const f32, summary: core.LogitsSummary) Record {
         const history: sampler.History = .{
             .prompt = sequence.tokens[0..sequence.prompt_len],
             .output = sequence.tokens[sequence.prompt_len..sequence.length],
         };
-        const choice = sampler.sample(&sequence.sampling, logits, history, sequence.prng.random(), &engine.workspace);
+        const choice = sampler.sample(&sequence.sampling, logits, summary, history, sequence.prng.random(), &engine.workspace);
         sequence.tokens[sequence.length] = choice.token;
         sequence.length += 1;
         const generated = sequence.length - sequence.prompt_len;
@@ -480,7 +493,7 @@ pub const Engine = struct {
         const record: Record = .{
             .sequence_id = sequence.id,
             .token = choice.token,
-            .finish = @intFromEnum(finish_reason),
+            .finish = @backingInt(finish_reason),
             .logprob = choice.logprob,
             .top_count = choice.top_count,
             .top_tokens = choice.top_tokens,
@@ -545,7 +558,7 @@ pub const Engine = struct {
                 const sequence = &engine.sequences[slot];
                 table.* = sequence.pages[0..sequence.pages_used];
             }
-            try engine.runForward(rows, logits_count, diag);
+            try engine.runForward(rows, logits_count, null, diag);
             // Rows are laid out prompt by prompt, positions ascending: place each in `out`.
             for (0..logits_count) |i| {
                 const p = engine.logits_slots[i];
@@ -562,7 +575,7 @@ pub const Engine = struct {
 /// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or no
 /// NCCL); the CPU backend always reduces over TCP.
 fn tpCollective(p: Params) distributed.Collective {
-    if (p.backend != @intFromEnum(Backend.cuda)) return .tcp;
+    if (p.backend != @backingInt(Backend.cuda)) return .tcp;
     const choice = std.c.getenv("TRELLISFORGE_TP_COLLECTIVE") orelse return .nccl;
     return if (std.mem.eql(u8, std.mem.span(choice), "tcp")) .tcp else .nccl;
 }

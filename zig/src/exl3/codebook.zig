@@ -56,7 +56,7 @@ var tables_once: Once(fillTables) = .{};
 
 fn fillTables() void {
     for (&tables, 0..) |*values, index| {
-        const cb: Codebook = @enumFromInt(index);
+        const cb: Codebook = @fromBackingInt(@intCast(index));
         for (values, 0..) |*value, state| {
             value.* = @floatCast(@as(f16, @bitCast(decode(cb, @intCast(state)))));
         }
@@ -65,7 +65,7 @@ fn fillTables() void {
 
 pub fn table(cb: Codebook) *const Table {
     tables_once.call();
-    return &tables[@intFromEnum(cb)];
+    return &tables[@backingInt(cb)];
 }
 
 test "worked examples and test vectors of EXL3.md §6.3" {
@@ -83,7 +83,7 @@ test "worked examples and test vectors of EXL3.md §6.3" {
 test "codebook statistics of EXL3.md §6.4" {
     const expected_rms = [_]f64{ 1.243711, 1.244112, 1.000312 };
     for (expected_rms, 0..) |rms_expected, index| {
-        const values = table(@enumFromInt(index));
+        const values = table(@fromBackingInt(@intCast(index)));
         var sum_squares: f64 = 0;
         for (values) |v| sum_squares += @as(f64, v) * v;
         const rms = @sqrt(sum_squares / values.len);

@@ -56,8 +56,7 @@ pub const Layer = struct {
         if (words.dtype != .i16 or shape.len != 3) {
             return invalid(diag, "{s}.trellis: expected I16 of rank 3, found {s} of rank {d}", .{ prefix, words.dtype.name(), shape.len });
         }
-        const rate = trellis.Rate.fromWordsPerTile(shape[2]) orelse return invalid(diag,
-            "{s}.trellis: last dimension {d} is neither 16·K (K = 1..8) nor 16·K + 8 (K = 1.5, 2.5, 3.5)", .{ prefix, shape[2] });
+        const rate = trellis.Rate.fromWordsPerTile(shape[2]) orelse return invalid(diag, "{s}.trellis: last dimension {d} is neither 16·K (K = 1..8) nor 16·K + 8 (K = 1.5, 2.5, 3.5)", .{ prefix, shape[2] });
         const rows = shape[0] * trellis.tile_size;
         const columns = shape[1] * trellis.tile_size;
         if (rows == 0 or columns == 0 or rows % hadamard.block != 0 or columns % hadamard.block != 0) {

@@ -26,7 +26,7 @@ const GpuLinear = struct {
     in_features: usize,
     out_features: usize,
     kind: union(enum) {
-        exl3: struct { table: Ptr, k_p: usize, n_p: usize, bits2: u8, codebook: u8 },
+        exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8 },
         dense: struct { weight: Ptr, bias: Ptr },
     },
 };
@@ -34,7 +34,9 @@ const GpuLinear = struct {
 /// One projection of all experts: a table of Exl3Layer, one per expert, sharing shape and rate.
 const GroupedLinear = struct { table: Ptr, in_features: usize, out_features: usize, k_p: usize, n_p: usize, bits2: u8, codebook: u8 };
 
-const GpuMlp = struct { gate: GpuLinear, up: GpuLinear, down: GpuLinear };
+/// `pair`: a two-entry table (gate, up) when both are EXL3 of one shape, rate and codebook, so that
+/// one launch runs both; 0 otherwise.
+const GpuMlp = struct { gate: GpuLinear, up: GpuLinear, down: GpuLinear, pair: Ptr };
 
 const GpuBlock = struct {
     input_norm: Ptr,
@@ -104,23 +106,23 @@ pub const GpuModel = struct {
     projected: Ptr,
     ffn_out: Ptr,
     gate: Ptr,
-    up: Ptr,
     items_out: Ptr,
     shared_out: Ptr,
-    xr: Ptr,
     acc: Ptr,
+    counters: Ptr,
+    pair_layers: Ptr,
+    pair_rows: Ptr,
     scores: Ptr,
     attention_rows_max: usize,
     route_experts: Ptr,
     route_weights: Ptr,
     route_scratch: Ptr,
-    expert_rows: Ptr,
     logits: Ptr,
+    summaries: Ptr,
     // Host staging.
     host_tables: []u32,
     host_offsets: []u32,
     host_cos_sin: []f32,
-    host_expert_rows: []i32,
 
     pub fn init(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
         const model = try gpa.create(GpuModel);
@@ -153,7 +155,6 @@ pub const GpuModel = struct {
         gpa.free(model.host_tables);
         gpa.free(model.host_offsets);
         gpa.free(model.host_cos_sin);
-        gpa.free(model.host_expert_rows);
         gpa.free(model.blocks);
         gpa.destroy(model);
     }
@@ -203,20 +204,42 @@ pub const GpuModel = struct {
                     .moe => |*moe| .{ .moe = .{
                         .router = try model.putF32(moe.router, diag),
                         .correction = try model.putF32(moe.correction_bias, diag),
-                        .gate = try model.grouped(moe.experts, "gate", diag),
-                        .up = try model.grouped(moe.experts, "up", diag),
+                        .gate = undefined,
+                        .up = undefined,
                         .down = try model.grouped(moe.experts, "down", diag),
                         .shared = if (moe.shared) |*shared| try model.uploadMlp(shared, diag) else null,
                     } },
                 },
             };
         }
+        for (weights.blocks, model.blocks) |*block, *target| switch (block.ffn) {
+            .dense => {},
+            .moe => |*moe| {
+                const gate_up = try model.groupedPair(moe.experts, diag);
+                target.ffn.moe.gate = gate_up[0];
+                target.ffn.moe.up = gate_up[1];
+            },
+        };
         model.norm = try model.putF32(weights.norm, diag);
         model.lm_head = try model.uploadLinear(&weights.lm_head, diag);
     }
 
     fn uploadMlp(model: *GpuModel, source: *const weights_mod.Mlp, diag: *Diagnostic) Error!GpuMlp {
-        return .{ .gate = try model.uploadLinear(&source.gate, diag), .up = try model.uploadLinear(&source.up, diag), .down = try model.uploadLinear(&source.down, diag) };
+        var mlp: GpuMlp = .{
+            .gate = try model.uploadLinear(&source.gate, diag),
+            .up = try model.uploadLinear(&source.up, diag),
+            .down = try model.uploadLinear(&source.down, diag),
+            .pair = 0,
+        };
+        if (mlp.gate.kind == .exl3 and mlp.up.kind == .exl3) {
+            const g = mlp.gate.kind.exl3;
+            const u = mlp.up.kind.exl3;
+            if (g.k_p == u.k_p and g.n_p == u.n_p and g.bits2 == u.bits2 and g.codebook == u.codebook and mlp.gate.out_features == mlp.up.out_features) {
+                const entries = [2]K.Exl3Layer{ g.entry, u.entry };
+                mlp.pair = try model.put(std.mem.sliceAsBytes(&entries), diag);
+            }
+        }
+        return mlp;
     }
 
     fn exl3Entry(model: *GpuModel, layer: *const exl3.Layer, out_features: usize, diag: *Diagnostic) Error!K.Exl3Layer {
@@ -244,10 +267,11 @@ pub const GpuModel = struct {
                     const entry = try model.exl3Entry(layer, source.out_features, diag);
                     break :blk .{ .exl3 = .{
                         .table = try model.put(std.mem.asBytes(&entry), diag),
+                        .entry = entry,
                         .k_p = layer.rows,
                         .n_p = layer.columns,
                         .bits2 = layer.rate.bits2,
-                        .codebook = @intFromEnum(layer.codebook),
+                        .codebook = @backingInt(layer.codebook),
                     } };
                 },
                 .dense => |dense| .{ .dense = .{
@@ -256,6 +280,54 @@ pub const GpuModel = struct {
                 } },
             },
         };
+    }
+
+    /// The gate and up projections of all experts in one table: gate entries 0..E-1, up entries
+    /// E..2E-1, so that one launch runs both for every (row, selected expert) (tf_route writes the
+    /// items' entries). All must share shape, rate and codebook.
+    fn groupedPair(model: *GpuModel, experts: []const weights_mod.Mlp, diag: *Diagnostic) Error![2]GroupedLinear {
+        const first = &experts[0].gate;
+        const layer0 = switch (first.kind) {
+            .exl3 => |*l| l,
+            .dense => {
+                diag.set("the CUDA backend runs EXL3 experts only; this checkpoint's experts are unquantized", .{});
+                return error.UnsupportedModel;
+            },
+        };
+        const entries = try model.gpa.alloc(K.Exl3Layer, 2 * experts.len);
+        defer model.gpa.free(entries);
+        inline for (.{ "gate", "up" }, 0..) |which, half| {
+            for (experts, entries[half * experts.len ..][0..experts.len], 0..) |*expert, *entry, e| {
+                const source = &@field(expert, which);
+                const layer = switch (source.kind) {
+                    .exl3 => |*l| l,
+                    .dense => {
+                        diag.set("expert {d} {s}_proj is unquantized: the CUDA backend runs EXL3 experts only", .{ e, which });
+                        return error.UnsupportedModel;
+                    },
+                };
+                if (layer.rate.bits2 != layer0.rate.bits2 or layer.codebook != layer0.codebook or layer.rows != layer0.rows or
+                    layer.columns != layer0.columns or source.out_features != first.out_features)
+                {
+                    diag.set("expert {d} {s}_proj differs in rate, codebook or shape from expert 0's gate_proj: the grouped path needs them equal", .{ e, which });
+                    return error.UnsupportedModel;
+                }
+                entry.* = try model.exl3Entry(layer, source.out_features, diag);
+            }
+        }
+        const table = try model.put(std.mem.sliceAsBytes(entries), diag);
+        const gate: GroupedLinear = .{
+            .table = table,
+            .in_features = first.in_features,
+            .out_features = first.out_features,
+            .k_p = layer0.rows,
+            .n_p = layer0.columns,
+            .bits2 = layer0.rate.bits2,
+            .codebook = @backingInt(layer0.codebook),
+        };
+        var up = gate;
+        up.table = table + experts.len * @sizeOf(K.Exl3Layer);
+        return .{ gate, up };
     }
 
     fn grouped(model: *GpuModel, experts: []const weights_mod.Mlp, comptime which: []const u8, diag: *Diagnostic) Error!GroupedLinear {
@@ -288,7 +360,7 @@ pub const GpuModel = struct {
             .k_p = layer0.rows,
             .n_p = layer0.columns,
             .bits2 = layer0.rate.bits2,
-            .codebook = @intFromEnum(layer0.codebook),
+            .codebook = @backingInt(layer0.codebook),
         };
     }
 
@@ -298,11 +370,7 @@ pub const GpuModel = struct {
         const rows = l.rows_max;
         const items = rows * c.experts_per_token;
         const f = @sizeOf(f32);
-        var padded_max: usize = 128;
-        var width_max: usize = @max(c.hidden_size, c.heads * c.head_dim);
         const intermediate = @max(c.intermediate_size, c.moe_intermediate_size * @max(c.shared_experts, 1));
-        width_max = @max(width_max, intermediate);
-        padded_max = @max(padded_max, std.mem.alignForward(usize, @max(width_max, c.vocab_size), 128));
         model.tokens = try model.alloc(rows * 4, diag);
         model.positions = try model.alloc(rows * 4, diag);
         model.tables = try model.alloc(rows * l.pages_per_sequence * 4, diag);
@@ -317,12 +385,16 @@ pub const GpuModel = struct {
         model.attention_out = try model.alloc(rows * c.heads * c.head_dim * f, diag);
         model.projected = try model.alloc(rows * c.hidden_size * f, diag);
         model.ffn_out = try model.alloc(rows * c.hidden_size * f, diag);
-        model.gate = try model.alloc(items * intermediate * f, diag);
-        model.up = try model.alloc(items * intermediate * f, diag);
+        // Gate outputs of all items, then their up outputs (one launch writes both).
+        model.gate = try model.alloc(2 * items * intermediate * f, diag);
         model.items_out = try model.alloc(items * c.hidden_size * f, diag);
         model.shared_out = try model.alloc(rows * c.hidden_size * f, diag);
-        model.xr = try model.alloc(@max(items, l.logits_rows_max) * padded_max * f, diag);
-        model.acc = try model.alloc(model.partialsNeeded() * f, diag);
+        const need = model.linearScratchNeeded();
+        model.acc = try model.alloc(need.partials * f, diag);
+        model.counters = try model.alloc(need.counters * 4, diag);
+        try model.gpu.zero(model.counters, need.counters * 4, diag);
+        model.pair_layers = try model.alloc(2 * items * 4, diag);
+        model.pair_rows = try model.alloc(2 * items * 4, diag);
         // Attention scores: (rows, heads, context) would be large at long contexts; the kernel
         // runs over row chunks that fit 256 MiB.
         const per_row = c.heads * l.context_max * f;
@@ -331,17 +403,14 @@ pub const GpuModel = struct {
         model.route_experts = try model.alloc(items * 4, diag);
         model.route_weights = try model.alloc(items * f, diag);
         model.route_scratch = try model.alloc(rows * 2 * c.routed_experts * f, diag);
-        model.expert_rows = try model.alloc(items * 4, diag);
         model.logits = try model.alloc(l.logits_rows_max * c.vocab_size * f, diag);
+        model.summaries = try model.alloc(l.logits_rows_max * @sizeOf(core.LogitsSummary), diag);
         const cache_values = l.pages * c.layers * c.kv_heads * l.page_tokens * c.head_dim;
         model.cache_k = try model.alloc(cache_values * f, diag);
         model.cache_v = try model.alloc(cache_values * f, diag);
         model.host_tables = try model.gpa.alloc(u32, rows * l.pages_per_sequence);
         model.host_offsets = try model.gpa.alloc(u32, rows);
         model.host_cos_sin = try model.gpa.alloc(f32, rows * @max(c.rotary_dim, 2));
-        model.host_expert_rows = try model.gpa.alloc(i32, items);
-        for (model.host_expert_rows, 0..) |*r, i| r.* = @intCast(i / c.experts_per_token);
-        try model.gpu.upload(model.expert_rows, std.mem.sliceAsBytes(model.host_expert_rows), diag);
     }
 
     /// Sums a rank's partial outputs across tensor-parallel ranks, in place on the device.
@@ -350,39 +419,44 @@ pub const GpuModel = struct {
         sum: *const fn (context: *anyopaque, model: *GpuModel, buffer: Ptr, count: usize, diag: *Diagnostic) anyerror!void,
     };
 
-    /// Floats of GEMV partial sums the largest call needs: splits(k_p) x items x n_p.
-    fn partialsNeeded(model: *const GpuModel) usize {
+    const LinearScratch = struct { partials: usize = 1, counters: usize = 1 };
+
+    /// What the largest tf_exl3_item_linear call needs: splits(k_p) x items x n_p partial sums and a
+    /// completion counter per (item, 128 columns). Gate/up pairs run twice the items.
+    fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
         const c = model.config;
         const l = model.limits;
-        var need: usize = 0;
+        var need: LinearScratch = .{};
         const Need = struct {
-            fn of(linear: *const GpuLinear, items: usize) usize {
-                return switch (linear.kind) {
-                    .exl3 => |e| K.splitsFor(e.k_p) * items * e.n_p,
-                    .dense => 0,
-                };
+            fn add(n: *LinearScratch, k_p: usize, n_p: usize, items: usize) void {
+                n.partials = @max(n.partials, K.splitsFor(k_p) * items * n_p);
+                n.counters = @max(n.counters, K.countersFor(items, n_p));
             }
-            fn grouped(g: GroupedLinear, items: usize) usize {
-                return K.splitsFor(g.k_p) * items * g.n_p;
+            fn linear(n: *LinearScratch, l_: *const GpuLinear, items: usize) void {
+                switch (l_.kind) {
+                    .exl3 => |e| add(n, e.k_p, e.n_p, items),
+                    .dense => {},
+                }
+            }
+            fn mlp(n: *LinearScratch, m: *const GpuMlp, rows: usize) void {
+                linear(n, &m.gate, 2 * rows);
+                linear(n, &m.down, rows);
             }
         };
-        need = @max(need, Need.of(&model.lm_head, l.logits_rows_max));
+        Need.linear(&need, &model.lm_head, l.logits_rows_max);
         for (model.blocks) |*block| {
-            for ([_]*const GpuLinear{ &block.q, &block.k, &block.v, &block.o }) |linear| need = @max(need, Need.of(linear, l.rows_max));
+            for ([_]*const GpuLinear{ &block.q, &block.k, &block.v, &block.o }) |linear| Need.linear(&need, linear, l.rows_max);
             switch (block.ffn) {
-                .dense => |*mlp| for ([_]*const GpuLinear{ &mlp.gate, &mlp.up, &mlp.down }) |linear| {
-                    need = @max(need, Need.of(linear, l.rows_max));
-                },
+                .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),
                 .moe => |*moe| {
                     const items = l.rows_max * c.experts_per_token;
-                    need = @max(need, @max(Need.grouped(moe.gate, items), Need.grouped(moe.up, items), Need.grouped(moe.down, items)));
-                    if (moe.shared) |*mlp| for ([_]*const GpuLinear{ &mlp.gate, &mlp.up, &mlp.down }) |linear| {
-                        need = @max(need, Need.of(linear, l.rows_max));
-                    };
+                    Need.add(&need, moe.gate.k_p, moe.gate.n_p, 2 * items);
+                    Need.add(&need, moe.down.k_p, moe.down.n_p, items);
+                    if (moe.shared) |*mlp| Need.mlp(&need, mlp, l.rows_max);
                 },
             }
         }
-        return @max(need, 1);
+        return need;
     }
 
     /// The same contract as forward_cpu.forward; the KV cache is this model's device cache.
@@ -398,6 +472,30 @@ pub const GpuModel = struct {
         const wanted = batch.logits_rows.len;
         std.debug.assert(rows >= 1 and rows <= model.limits.rows_max);
         std.debug.assert(wanted <= model.limits.logits_rows_max);
+        try model.run(batch, reduce, diag);
+        if (wanted == 0) return model.gpu.synchronize(diag);
+        try model.gpu.download(std.mem.sliceAsBytes(logits[0 .. wanted * c.vocab_size]), model.logits, diag);
+    }
+
+    /// `forward` for sampling: every logits row's summary, and the logits of the rows `wanted`
+    /// names (all when null). A greedy row crosses to the host as its 16-byte summary.
+    pub fn forwardSummarized(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, summaries: []core.LogitsSummary, wanted: ?[]const bool, diag: *Diagnostic) Error!void {
+        const vocab = model.config.vocab_size;
+        const count = batch.logits_rows.len;
+        std.debug.assert(summaries.len == count);
+        try model.run(batch, null, diag);
+        if (count > 0) try model.gpu.downloadAsync(std.mem.sliceAsBytes(summaries), model.summaries, diag);
+        for (0..count) |i| {
+            if (wanted) |w| if (!w[i]) continue;
+            try model.gpu.downloadAsync(std.mem.sliceAsBytes(logits[i * vocab ..][0..vocab]), model.logits + i * vocab * @sizeOf(f32), diag);
+        }
+        try model.gpu.synchronize(diag);
+    }
+
+    /// The batch to the device and the forward queued, replayed from a recording when it can be.
+    fn run(model: *GpuModel, batch: forward_cpu.Batch, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+        const rows = batch.rows();
+        const wanted = batch.logits_rows.len;
         try model.uploadBatch(batch, diag);
         // A rank's reduction runs on the host between launches: it cannot be recorded.
         if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
@@ -407,8 +505,6 @@ pub const GpuModel = struct {
         } else {
             try model.enqueue(rows, wanted, reduce, diag);
         }
-        if (wanted == 0) return model.gpu.synchronize(diag);
-        try model.gpu.download(std.mem.sliceAsBytes(logits[0 .. wanted * c.vocab_size]), model.logits, diag);
     }
 
     /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
@@ -458,6 +554,7 @@ pub const GpuModel = struct {
                 try k.denseLinear(model.projected, dense.weight, dense.bias, model.logits, wanted, c.hidden_size, c.vocab_size);
             },
         }
+        try k.logitsSummary(model.logits, model.summaries, wanted, c.vocab_size);
     }
 
     fn uploadBatch(model: *GpuModel, batch: forward_cpu.Batch, diag: *Diagnostic) Error!void {
@@ -484,21 +581,47 @@ pub const GpuModel = struct {
         try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
         try model.runLinear(k, &block.v, model.normed, model.v, rows, 0);
         try k.qkRopeStore(.{
-            .q = model.q, .k = model.k, .v = model.v, .q_norm = block.q_norm, .k_norm = block.k_norm,
-            .cos_sin = model.cos_sin, .positions = model.positions, .tables = model.tables, .table_offsets = model.table_offsets,
-            .cache_k = model.cache_k, .cache_v = model.cache_v, .rows = rows, .heads = c.heads, .kv_heads = c.kv_heads,
-            .head_dim = c.head_dim, .rotary_dim = c.rotary_dim, .eps = c.rms_norm_eps, .layers = c.layers, .layer = layer,
+            .q = model.q,
+            .k = model.k,
+            .v = model.v,
+            .q_norm = block.q_norm,
+            .k_norm = block.k_norm,
+            .cos_sin = model.cos_sin,
+            .positions = model.positions,
+            .tables = model.tables,
+            .table_offsets = model.table_offsets,
+            .cache_k = model.cache_k,
+            .cache_v = model.cache_v,
+            .rows = rows,
+            .heads = c.heads,
+            .kv_heads = c.kv_heads,
+            .head_dim = c.head_dim,
+            .rotary_dim = c.rotary_dim,
+            .eps = c.rms_norm_eps,
+            .layers = c.layers,
+            .layer = layer,
             .page_tokens = model.limits.page_tokens,
         });
         var start: usize = 0;
         while (start < rows) : (start += model.attention_rows_max) {
             const count = @min(model.attention_rows_max, rows - start);
             try k.attention(.{
-                .q = model.q + start * c.heads * c.head_dim * 4, .cache_k = model.cache_k, .cache_v = model.cache_v,
-                .positions = model.positions + start * 4, .tables = model.tables, .table_offsets = model.table_offsets + start * 4,
-                .scores = model.scores, .out = model.attention_out + start * c.heads * c.head_dim * 4, .rows = count,
-                .heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .layers = c.layers, .layer = layer,
-                .page_tokens = model.limits.page_tokens, .context_max = model.limits.context_max,
+                .q = model.q + start * c.heads * c.head_dim * 4,
+                .cache_k = model.cache_k,
+                .cache_v = model.cache_v,
+                .positions = model.positions + start * 4,
+                .tables = model.tables,
+                .table_offsets = model.table_offsets + start * 4,
+                .scores = model.scores,
+                .out = model.attention_out + start * c.heads * c.head_dim * 4,
+                .rows = count,
+                .heads = c.heads,
+                .kv_heads = c.kv_heads,
+                .head_dim = c.head_dim,
+                .layers = c.layers,
+                .layer = layer,
+                .page_tokens = model.limits.page_tokens,
+                .context_max = model.limits.context_max,
             });
         }
         try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);
@@ -508,9 +631,19 @@ pub const GpuModel = struct {
     fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Ptr, y: Ptr, rows: usize, rows_wanted: Ptr) Error!void {
         switch (linear.kind) {
             .exl3 => |e| try k.exl3Linear(.{
-                .x = x, .source_rows = rows_wanted, .layer_of_item = 0, .table = e.table, .xr = model.xr, .acc = model.acc, .y = y,
-                .items = rows, .in_features = linear.in_features, .out_features = linear.out_features, .k_p = e.k_p, .n_p = e.n_p,
-                .bits2 = e.bits2, .codebook = e.codebook,
+                .x = x,
+                .source_rows = rows_wanted,
+                .table = e.table,
+                .acc = model.acc,
+                .counters = model.counters,
+                .y = y,
+                .items = rows,
+                .in_features = linear.in_features,
+                .out_features = linear.out_features,
+                .k_p = e.k_p,
+                .n_p = e.n_p,
+                .bits2 = e.bits2,
+                .codebook = e.codebook,
             }),
             .dense => |d| {
                 std.debug.assert(rows_wanted == 0);
@@ -519,35 +652,118 @@ pub const GpuModel = struct {
         }
     }
 
+    /// gate and up (one launch when paired) into model.gate: gate rows, then up rows; then down
+    /// with the SwiGLU fused into its input (an unquantized down takes a separate SwiGLU).
     fn runMlp(model: *GpuModel, k: K.Kernels, mlp: *const GpuMlp, x: Ptr, out: Ptr, rows: usize) Error!void {
-        try model.runLinear(k, &mlp.gate, x, model.gate, rows, 0);
-        try model.runLinear(k, &mlp.up, x, model.up, rows, 0);
-        try k.swiglu(model.gate, model.up, rows * mlp.gate.out_features);
-        try model.runLinear(k, &mlp.down, model.gate, out, rows, 0);
+        const width = mlp.gate.out_features;
+        const up = model.gate + rows * width * @sizeOf(f32);
+        if (mlp.pair != 0) {
+            const e = mlp.gate.kind.exl3;
+            try k.exl3Linear(.{
+                .x = x,
+                .group_items = rows,
+                .table = mlp.pair,
+                .acc = model.acc,
+                .counters = model.counters,
+                .y = model.gate,
+                .items = 2 * rows,
+                .in_features = mlp.gate.in_features,
+                .out_features = width,
+                .k_p = e.k_p,
+                .n_p = e.n_p,
+                .bits2 = e.bits2,
+                .codebook = e.codebook,
+            });
+        } else {
+            try model.runLinear(k, &mlp.gate, x, model.gate, rows, 0);
+            try model.runLinear(k, &mlp.up, x, up, rows, 0);
+        }
+        try model.runDown(k, &mlp.down, model.gate, up, out, rows);
     }
 
-    fn runGrouped(model: *GpuModel, k: K.Kernels, g: GroupedLinear, x: Ptr, source_rows: Ptr, y: Ptr, items: usize) Error!void {
-        try k.exl3Linear(.{
-            .x = x, .source_rows = source_rows, .layer_of_item = model.route_experts, .table = g.table, .xr = model.xr, .acc = model.acc,
-            .y = y, .items = items, .in_features = g.in_features, .out_features = g.out_features, .k_p = g.k_p, .n_p = g.n_p,
-            .bits2 = g.bits2, .codebook = g.codebook,
-        });
+    /// y = down(silu(gate) · up).
+    fn runDown(model: *GpuModel, k: K.Kernels, down: *const GpuLinear, gate: Ptr, up: Ptr, y: Ptr, rows: usize) Error!void {
+        switch (down.kind) {
+            .exl3 => |e| try k.exl3Linear(.{
+                .x = gate,
+                .up = up,
+                .table = e.table,
+                .acc = model.acc,
+                .counters = model.counters,
+                .y = y,
+                .items = rows,
+                .in_features = down.in_features,
+                .out_features = down.out_features,
+                .k_p = e.k_p,
+                .n_p = e.n_p,
+                .bits2 = e.bits2,
+                .codebook = e.codebook,
+            }),
+            .dense => {
+                try k.swiglu(gate, up, rows * down.in_features);
+                try model.runLinear(k, down, gate, y, rows, 0);
+            },
+        }
     }
 
     fn runMoe(model: *GpuModel, k: K.Kernels, moe: anytype, rows: usize) Error!void {
         const c = model.config;
         const items = rows * c.experts_per_token;
         try k.route(.{
-            .x = model.normed, .gate = moe.router, .correction = moe.correction, .experts_out = model.route_experts,
-            .weights_out = model.route_weights, .scratch = model.route_scratch, .rows = rows, .hidden = c.hidden_size,
-            .experts = c.routed_experts, .top_k = c.experts_per_token, .groups = c.groups, .groups_per_token = c.groups_per_token,
-            .normalize = c.norm_topk_prob, .scaling = c.routed_scaling_factor,
+            .x = model.normed,
+            .gate = moe.router,
+            .correction = moe.correction,
+            .experts_out = model.route_experts,
+            .weights_out = model.route_weights,
+            .pair_layers = model.pair_layers,
+            .pair_rows = model.pair_rows,
+            .scratch = model.route_scratch,
+            .rows = rows,
+            .hidden = c.hidden_size,
+            .experts = c.routed_experts,
+            .top_k = c.experts_per_token,
+            .groups = c.groups,
+            .groups_per_token = c.groups_per_token,
+            .normalize = c.norm_topk_prob,
+            .scaling = c.routed_scaling_factor,
         });
-        // Item i = (row i / top_k, slot i % top_k) reads its row and its expert's trellis.
-        try model.runGrouped(k, moe.gate, model.normed, model.expert_rows, model.gate, items);
-        try model.runGrouped(k, moe.up, model.normed, model.expert_rows, model.up, items);
-        try k.swiglu(model.gate, model.up, items * moe.gate.out_features);
-        try model.runGrouped(k, moe.down, model.gate, 0, model.items_out, items);
+        // Items 0..items-1 are (row, slot) gate problems, items..2·items-1 the same pairs' up
+        // problems; each reads its row and its expert's trellis in place through the table.
+        const g = moe.gate;
+        const width = g.out_features;
+        try k.exl3Linear(.{
+            .x = model.normed,
+            .source_rows = model.pair_rows,
+            .layer_of_item = model.pair_layers,
+            .table = g.table,
+            .acc = model.acc,
+            .counters = model.counters,
+            .y = model.gate,
+            .items = 2 * items,
+            .in_features = g.in_features,
+            .out_features = width,
+            .k_p = g.k_p,
+            .n_p = g.n_p,
+            .bits2 = g.bits2,
+            .codebook = g.codebook,
+        });
+        const d = moe.down;
+        try k.exl3Linear(.{
+            .x = model.gate,
+            .up = model.gate + items * width * @sizeOf(f32),
+            .layer_of_item = model.route_experts,
+            .table = d.table,
+            .acc = model.acc,
+            .counters = model.counters,
+            .y = model.items_out,
+            .items = items,
+            .in_features = d.in_features,
+            .out_features = d.out_features,
+            .k_p = d.k_p,
+            .n_p = d.n_p,
+            .bits2 = d.bits2,
+            .codebook = d.codebook,
+        });
         var shared: Ptr = 0;
         if (moe.shared) |*mlp| {
             try model.runMlp(k, mlp, model.normed, model.shared_out, rows);
