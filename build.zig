@@ -65,6 +65,19 @@ pub fn build(b: *std.Build) void {
     b.installArtifact(cuda_test);
     step_cuda_test.dependOn(&b.addInstallArtifact(cuda_test, .{}).step);
 
+    const bench = b.addExecutable(.{
+        .name = "tf-bench",
+        .root_module = b.createModule(.{
+            .root_source_file = b.path("zig/tools/tf_bench.zig"),
+            .target = target,
+            .optimize = optimize,
+            .link_libc = true,
+            .imports = &.{.{ .name = "trellisforge", .module = core }},
+        }),
+    });
+    b.installArtifact(bench);
+    step_cuda_test.dependOn(&b.addInstallArtifact(bench, .{}).step);
+
     const core_debug = b.createModule(.{
         .root_source_file = b.path("zig/src/root.zig"),
         .target = target,

@@ -17,6 +17,7 @@ pub const kernels = [_]Kernel{
     .{ .name = "exl3_decode", .flags = &.{"--fmad=false"} },
     .{ .name = "glm_forward" },
     .{ .name = "exl3_encode" },
+    .{ .name = "bench" },
 };
 
 /// Every arch the kernels must build for and the contract registry covers.

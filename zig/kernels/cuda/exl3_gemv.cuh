@@ -40,19 +40,36 @@ __device__ __forceinline__ uint32_t ring_word(uint32_t word_a, uint32_t word_b, 
     return index < 32 ? from_a : from_b;
 }
 
-__device__ __forceinline__ void gemv_accumulate(const float* xs, const float (&w)[8], float& acc0, float& acc1) {
-    const float2 x01 = *reinterpret_cast<const float2*>(xs);
-    const float2 x89 = *reinterpret_cast<const float2*>(xs + 8);
-    acc0 = fmaf(x01.x, w[0], acc0); acc0 = fmaf(x01.y, w[1], acc0); acc0 = fmaf(x89.x, w[2], acc0); acc0 = fmaf(x89.y, w[3], acc0);
-    acc1 = fmaf(x01.x, w[4], acc1); acc1 = fmaf(x01.y, w[5], acc1); acc1 = fmaf(x89.x, w[6], acc1); acc1 = fmaf(x89.y, w[7], acc1);
+// Up to R rows share each decoded tile: rows < R of them (x rows `x_stride` floats apart) are live.
+// Every row's sum is formed exactly as a single row's would be.
+template <int R>
+__device__ __forceinline__ void gemv_accumulate(const float* xs, int x_stride, int rows, const float (&w)[8], float (&acc0)[R], float (&acc1)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+            const float2 x01 = *reinterpret_cast<const float2*>(xs + r * x_stride);
+            const float2 x89 = *reinterpret_cast<const float2*>(xs + r * x_stride + 8);
+            acc0[r] = fmaf(x01.x, w[0], acc0[r]); acc0[r] = fmaf(x01.y, w[1], acc0[r]); acc0[r] = fmaf(x89.x, w[2], acc0[r]); acc0[r] = fmaf(x89.y, w[3], acc0[r]);
+            acc1[r] = fmaf(x01.x, w[4], acc1[r]); acc1[r] = fmaf(x01.y, w[5], acc1[r]); acc1[r] = fmaf(x89.x, w[6], acc1[r]); acc1[r] = fmaf(x89.y, w[7], acc1[r]);
+        }
+    }
+}
+
+// A single row streams its weights past L2 (read once per step); rows that share an expert's tiles
+// keep them in L2 for the other groups of the same expert.
+template <int R>
+__device__ __forceinline__ uint32_t load_ring(const uint32_t* p) {
+    if constexpr (R == 1) return __ldcs(p);
+    else return __ldg(p);
 }
 
 // K integer 1..8, CB the codebook. `ring` points at the tile column's first tile (tile row 0);
 // consecutive tile rows are `row_stride` uint32 words apart; x holds the rotated input of tile rows
-// first..last-1 (x[0] is input channel 16·first).
-template <int K, int CB>
+// first..last-1 (x[0] is input channel 16·first), `rows` (<= R) rows `x_stride` floats apart.
+template <int K, int CB, int R>
 __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
-                                                 int first, int last, GemvLane g, float& acc0, float& acc1) {
+                                                 int x_stride, int rows, int first, int last, GemvLane g, float (&acc0)[R],
+                                                 float (&acc1)[R]) {
     constexpr int kRingWords = 8 * K;  // 256·K bits
     constexpr int kTwoLoads = kRingWords > 32;
     constexpr int kWindowBits = 16 + 7 * K;
@@ -85,7 +102,7 @@ __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ri
                                              : __funnelshift_l(aligned[word + 1], aligned[word], bit) >> 16;
             w[e] = __half2float(decode_state(state, CB));
         }
-        gemv_accumulate(x + (tile_row - first) * 16 + 2 * g.quad, w, acc0, acc1);
+        gemv_accumulate<R>(x + (tile_row - first) * 16 + 2 * g.quad, x_stride, rows, w, acc0, acc1);
     };
 
     int tile_row = first;
@@ -94,23 +111,25 @@ __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ri
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; ++u) {
             const uint32_t* tile = ring + static_cast<size_t>(tile_row + u) * row_stride;
-            a[u] = g.lane < kRingWords ? __ldcs(tile + g.lane) : 0u;
-            b[u] = kTwoLoads && g.lane + 32 < kRingWords ? __ldcs(tile + g.lane + 32) : 0u;
+            a[u] = g.lane < kRingWords ? load_ring<R>(tile + g.lane) : 0u;
+            b[u] = kTwoLoads && g.lane + 32 < kRingWords ? load_ring<R>(tile + g.lane + 32) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; ++u) decode_tile(a[u], b[u], tile_row + u);
     }
     for (; tile_row < last; ++tile_row) {
         const uint32_t* tile = ring + static_cast<size_t>(tile_row) * row_stride;
-        const uint32_t a = g.lane < kRingWords ? __ldcs(tile + g.lane) : 0u;
-        const uint32_t b = kTwoLoads && g.lane + 32 < kRingWords ? __ldcs(tile + g.lane + 32) : 0u;
+        const uint32_t a = g.lane < kRingWords ? load_ring<R>(tile + g.lane) : 0u;
+        const uint32_t b = kTwoLoads && g.lane + 32 < kRingWords ? load_ring<R>(tile + g.lane + 32) : 0u;
         decode_tile(a, b, tile_row);
     }
 }
 
 // Any rate, the codebook at run time: every state's words and shift computed from end_bit.
+template <int R>
 __device__ __forceinline__ void gemv_tiles_general(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
-                                                   int first, int last, int bits2, int codebook, GemvLane g, float& acc0, float& acc1) {
+                                                   int x_stride, int rows, int first, int last, int bits2, int codebook, GemvLane g,
+                                                   float (&acc0)[R], float (&acc1)[R]) {
     const int ring_words = 4 * bits2;
     const uint32_t ring_bits = 32u * ring_words;
     for (int tile_row = first; tile_row < last; ++tile_row) {
@@ -134,18 +153,21 @@ __device__ __forceinline__ void gemv_tiles_general(const uint32_t* __restrict__ 
             const uint32_t state = static_cast<uint32_t>(((static_cast<uint64_t>(high) << 32) | low) >> shift) & 0xFFFFu;
             w[e] = __half2float(decode_state(state, codebook));
         }
-        gemv_accumulate(x + (tile_row - first) * 16 + 2 * g.quad, w, acc0, acc1);
+        gemv_accumulate<R>(x + (tile_row - first) * 16 + 2 * g.quad, x_stride, rows, w, acc0, acc1);
     }
 }
 
 // Picks the compiled body for (bits2, codebook); half-integer rates take the general one.
+template <int R>
 __device__ __forceinline__ void gemv_tiles(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
-                                           int first, int last, int bits2, int codebook, GemvLane g, float& acc0, float& acc1) {
-#define TF_GEMV_CASE(k)                                                                                    \
-    case 2 * k:                                                                                            \
-        if (codebook == kInst3) gemv_tiles_fixed<k, kInst3>(ring, row_stride, x, first, last, g, acc0, acc1); \
-        else if (codebook == kMcg) gemv_tiles_fixed<k, kMcg>(ring, row_stride, x, first, last, g, acc0, acc1); \
-        else gemv_tiles_fixed<k, kMul1>(ring, row_stride, x, first, last, g, acc0, acc1);                  \
+                                           int x_stride, int rows, int first, int last, int bits2, int codebook, GemvLane g,
+                                           float (&acc0)[R], float (&acc1)[R]) {
+#define TF_GEMV_ARGS ring, row_stride, x, x_stride, rows, first, last, g, acc0, acc1
+#define TF_GEMV_CASE(k)                                                                      \
+    case 2 * k:                                                                              \
+        if (codebook == kInst3) gemv_tiles_fixed<k, kInst3, R>(TF_GEMV_ARGS);                \
+        else if (codebook == kMcg) gemv_tiles_fixed<k, kMcg, R>(TF_GEMV_ARGS);               \
+        else gemv_tiles_fixed<k, kMul1, R>(TF_GEMV_ARGS);                                    \
         return;
     switch (bits2) {
         TF_GEMV_CASE(1)
@@ -156,9 +178,10 @@ __device__ __forceinline__ void gemv_tiles(const uint32_t* __restrict__ ring, si
         TF_GEMV_CASE(6)
         TF_GEMV_CASE(7)
         TF_GEMV_CASE(8)
-        default: gemv_tiles_general(ring, row_stride, x, first, last, bits2, codebook, g, acc0, acc1);
+        default: gemv_tiles_general<R>(ring, row_stride, x, x_stride, rows, first, last, bits2, codebook, g, acc0, acc1);
     }
 #undef TF_GEMV_CASE
+#undef TF_GEMV_ARGS
 }
 
 }  // namespace tf

@@ -146,94 +146,206 @@ struct Exl3Layer {
 // i / group_items): plain layers, a pair of layers on the same rows (gate and up), and grouped
 // experts through pointer tables. With `up`, the input is silu(x) · up (SwiGLU), fused here.
 //
-// One 256-thread block per (128 output columns, k split, item). The block first rotates its own
-// split's 256 input channels into shared memory (two 128-chunks, a warp each), then each warp runs
-// the trellis GEMV of one 16-column tile column over the split's 16 tile rows (exl3_gemv.cuh) and
-// writes its partial sums. The last block of an (item, 128 columns) to finish, told by a counter,
-// sums the splits' partials in ascending split order (so the result does not depend on which block
-// came last), applies the output Hadamard, svh and bias, and resets the counter for the next launch.
-// Tile and split sizes depend on the shape alone: a row's bits do not depend on its batch.
+// One 256-thread block per (128 output columns, k split, item) — or, on the grouped path, per
+// (128 columns, k split, group of up to 16 items of one layer), so that a decoded tile serves all
+// of them. The block first rotates its split's 256 input channels of each of its items into shared
+// memory (128-chunks, a warp each), then each warp runs the trellis GEMV of one 16-column tile
+// column over the split's 16 tile rows (exl3_gemv.cuh) and writes each item's partial sums. The
+// last block of a (key, 128 columns) to finish, told by a counter, sums the splits' partials in
+// ascending split order (so the result does not depend on which block came last), applies the
+// output Hadamard, svh and bias, and resets the counter for the next launch.
+//
+// Every item's arithmetic is the same on both paths and for any grouping: a row's bits depend on
+// the shape alone, never on its batch.
 constexpr int kLinearWarps = 8;
-constexpr int kSplitChannels = 256;  // 16 tile rows: tilesPerSplit() in glm_kernels.zig
+constexpr int kSplitChannels = 256;  // 16 tile rows: tiles_per_split in glm_kernels.zig
+constexpr int kGroupRows = 16;
 
-extern "C" __global__ void __launch_bounds__(256) tf_exl3_item_linear(
-    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
-    const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
-    unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
-    int out_features, int k_p, int n_p, int bits2, int codebook) {
-    __shared__ float xs[kSplitChannels];
+struct LinearArgs {
+    const float* x;
+    const float* up;
+    const int* source_rows;
+    int group_items;
+    float* partial;
+    float* y;
+    int items;
+    int in_features;
+    int out_features;
+    int k_p;
+    int n_p;
+    int bits2;
+    int codebook;
+};
+
+// One block's work for `rows` items (item_sh[0..rows)) of `layer`; `key` names its counter.
+template <int R>
+__device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Layer& layer, const int* item_sh, int rows,
+                                             unsigned int* __restrict__ counter, float (*xs)[kSplitChannels]) {
     __shared__ int last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     const int chunk = blockIdx.x;
     const int split = blockIdx.y;
     const int splits = gridDim.y;
-    const int item = blockIdx.z;
-    if (item >= items) return;
-    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : item / group_items];
-    const int row = source_rows ? source_rows[item] : item % group_items;
     const int first = split * (kSplitChannels / 16);
-    const int last = min(k_p / 16, first + kSplitChannels / 16);
+    const int last = min(a.k_p / 16, first + kSplitChannels / 16);
+    const int chunks = (last - first) * 16 / kHadamard;
 
-    if (warp < (last - first) * 16 / kHadamard) {
-        const size_t at = static_cast<size_t>(row) * in_features;
+    for (int task = warp; task < rows * chunks; task += kLinearWarps) {
+        const int r = task / chunks;
+        const int c = task % chunks;
+        const int item = item_sh[r];
+        const int row = a.source_rows ? a.source_rows[item] : item % a.group_items;
+        const size_t at = static_cast<size_t>(row) * a.in_features;
         float v[4];
         for (int i = 0; i < 4; ++i) {
-            const int k = first * 16 + warp * kHadamard + 4 * lane + i;
+            const int k = first * 16 + c * kHadamard + 4 * lane + i;
             float value = 0.f;
-            if (k < in_features) {
-                float a = x[at + k];
-                if (up) a = a / (1.0f + expf(-a)) * up[at + k];
-                value = a * half_to_float(layer.suh[k]);
+            if (k < a.in_features) {
+                float x = a.x[at + k];
+                if (a.up) x = x / (1.0f + expf(-x)) * a.up[at + k];
+                value = x * half_to_float(layer.suh[k]);
             }
             v[i] = value;
         }
         hadamard128(v);
-        for (int i = 0; i < 4; ++i) xs[warp * kHadamard + 4 * lane + i] = v[i];
+        for (int i = 0; i < 4; ++i) xs[r][c * kHadamard + 4 * lane + i] = v[i];
     }
     __syncthreads();
 
     const int tile_column = chunk * kLinearWarps + warp;
     const int quad = lane % 4;
-    const size_t row_stride = static_cast<size_t>(n_p / 16) * 4 * bits2;  // uint32 words per tile row
-    const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * bits2;
-    float acc0 = 0.f, acc1 = 0.f;
-    tf::gemv_tiles(ring, row_stride, xs, first, last, bits2, codebook, {lane, quad}, acc0, acc1);
-    // The four lanes of a column quad hold its four row groups: a fixed two-step tree.
-    acc0 += __shfl_xor_sync(0xFFFFFFFFu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xFFFFFFFFu, acc1, 1);
-    acc0 += __shfl_xor_sync(0xFFFFFFFFu, acc0, 2);
-    acc1 += __shfl_xor_sync(0xFFFFFFFFu, acc1, 2);
-    if (quad == 0) {
-        float* out = partial + (static_cast<size_t>(split) * items + item) * n_p + tile_column * 16 + lane / 4;
-        out[0] = acc0;
-        out[8] = acc1;
+    const size_t row_stride = static_cast<size_t>(a.n_p / 16) * 4 * a.bits2;  // uint32 words per tile row
+    const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * a.bits2;
+    float acc0[R], acc1[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = 0.f;
+    tf::gemv_tiles<R>(ring, row_stride, &xs[0][0], kSplitChannels, rows, first, last, a.bits2, a.codebook, {lane, quad}, acc0, acc1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r >= rows) continue;
+        // The four lanes of a column quad hold its four row groups: a fixed two-step tree.
+        float s0 = acc0[r], s1 = acc1[r];
+        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
+        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
+        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
+        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+        if (quad == 0) {
+            float* out = a.partial + (static_cast<size_t>(split) * a.items + item_sh[r]) * a.n_p + tile_column * 16 + lane / 4;
+            out[0] = s0;
+            out[8] = s1;
+        }
     }
 
     __threadfence();  // the partials are visible GPU-wide before the counter says so
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned int* counter = counters + static_cast<size_t>(item) * gridDim.x + chunk;
         last_block = atomicAdd(counter, 1u) == static_cast<unsigned int>(splits - 1);
         if (last_block) *counter = 0u;
     }
     __syncthreads();
-    if (!last_block || warp != 0) return;
+    if (!last_block) return;
     __threadfence();
-    float v[4];
-    for (int i = 0; i < 4; ++i) {
-        const int n = chunk * kHadamard + 4 * lane + i;
-        float sum = 0.f;
-        for (int s = 0; s < splits; ++s) sum += __ldcg(partial + (static_cast<size_t>(s) * items + item) * n_p + n);
-        v[i] = sum;
+    for (int r = warp; r < rows; r += kLinearWarps) {
+        const int item = item_sh[r];
+        float v[4];
+        for (int i = 0; i < 4; ++i) {
+            const int n = chunk * kHadamard + 4 * lane + i;
+            float sum = 0.f;
+            for (int s = 0; s < splits; ++s) sum += __ldcg(a.partial + (static_cast<size_t>(s) * a.items + item) * a.n_p + n);
+            v[i] = sum;
+        }
+        hadamard128(v);
+        for (int i = 0; i < 4; ++i) {
+            const int n = chunk * kHadamard + 4 * lane + i;
+            if (n >= a.out_features) continue;
+            float value = v[i] * half_to_float(layer.svh[n]);
+            if (layer.bias) value += layer.bias[n];
+            a.y[static_cast<size_t>(item) * a.out_features + n] = value;
+        }
     }
-    hadamard128(v);
-    for (int i = 0; i < 4; ++i) {
-        const int n = chunk * kHadamard + 4 * lane + i;
-        if (n >= out_features) continue;
-        float value = v[i] * half_to_float(layer.svh[n]);
-        if (layer.bias) value += layer.bias[n];
-        y[static_cast<size_t>(item) * out_features + n] = value;
+}
+
+extern "C" __global__ void __launch_bounds__(256) tf_exl3_item_linear(
+    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
+    const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
+    int out_features, int k_p, int n_p, int bits2, int codebook) {
+    __shared__ float xs[1][kSplitChannels];
+    __shared__ int item_sh[1];
+    const int item = blockIdx.z;
+    if (item >= items) return;
+    if (threadIdx.x == 0) item_sh[0] = item;
+    __syncthreads();
+    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook};
+    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : item / group_items];
+    linear_block<1>(a, layer, item_sh, 1, counters + static_cast<size_t>(item) * gridDim.x + blockIdx.x, xs);
+}
+
+// The grouped path: block z takes group z of tf_exl3_group_items (blocks past the group count
+// return at once).
+extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
+    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
+    const Exl3Layer* __restrict__ layers, const int* __restrict__ sorted_items, const int* __restrict__ group_first,
+    const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,
+    float* __restrict__ partial, unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items,
+    int in_features, int out_features, int k_p, int n_p, int bits2, int codebook) {
+    __shared__ float xs[kGroupRows][kSplitChannels];
+    __shared__ int item_sh[kGroupRows];
+    const int group = blockIdx.z;
+    if (group >= *group_total) return;
+    const int rows = group_count[group];
+    if (threadIdx.x < rows) item_sh[threadIdx.x] = sorted_items[group_first[group] + threadIdx.x];
+    __syncthreads();
+    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook};
+    const Exl3Layer layer = layers[group_layer[group]];
+    linear_block<kGroupRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs);
+}
+
+// Items sorted by layer (ties by item index: a stable counting sort), cut into groups of at most
+// 16 items of one layer, in layer order. One warp: ranks within each 32-item chunk come from
+// __match_any_sync, so the order does not depend on timing. `layers` <= 1024; ranks: items ints.
+extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* __restrict__ layer_of_item, int items, int group_items,
+                                                                     int layers, int* __restrict__ ranks, int* __restrict__ sorted_items,
+                                                                     int* __restrict__ group_first, int* __restrict__ group_count,
+                                                                     int* __restrict__ group_layer, int* __restrict__ group_total) {
+    __shared__ int counts[1024];
+    __shared__ int starts[1024];
+    const int lane = threadIdx.x;
+    for (int l = lane; l < layers; l += kWarp) counts[l] = 0;
+    __syncwarp();
+    const unsigned int below = (1u << lane) - 1u;
+    for (int base = 0; base < items; base += kWarp) {
+        const int i = base + lane;
+        const bool valid = i < items;
+        const int layer = valid ? (layer_of_item ? layer_of_item[i] : i / group_items) : -1;
+        const unsigned int same = __match_any_sync(0xFFFFFFFFu, layer);
+        const int before = valid ? counts[layer] : 0;
+        __syncwarp();
+        if (valid) {
+            ranks[i] = before + __popc(same & below);
+            if (lane == 31 - __clz(same)) counts[layer] = before + __popc(same);
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        int at = 0, groups = 0;
+        for (int l = 0; l < layers; ++l) {
+            starts[l] = at;
+            for (int offset = 0; offset < counts[l]; offset += kGroupRows) {
+                group_first[groups] = at + offset;
+                group_count[groups] = min(kGroupRows, counts[l] - offset);
+                group_layer[groups] = l;
+                ++groups;
+            }
+            at += counts[l];
+        }
+        *group_total = groups;
+    }
+    __syncwarp();
+    for (int i = lane; i < items; i += kWarp) {
+        const int layer = layer_of_item ? layer_of_item[i] : i / group_items;
+        sorted_items[starts[layer] + ranks[i]] = i;
     }
 }
 

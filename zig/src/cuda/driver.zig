@@ -48,6 +48,7 @@ pub const Api = struct {
     cuMemcpyDtoH_v2: *const fn (*anyopaque, DevicePtr, usize) callconv(.c) Result,
     cuMemsetD8_v2: *const fn (DevicePtr, u8, usize) callconv(.c) Result,
     cuMemcpyHtoDAsync_v2: *const fn (DevicePtr, *const anyopaque, usize, Stream) callconv(.c) Result,
+    cuMemcpyDtoDAsync_v2: *const fn (DevicePtr, DevicePtr, usize, Stream) callconv(.c) Result,
     cuMemcpyDtoHAsync_v2: *const fn (*anyopaque, DevicePtr, usize, Stream) callconv(.c) Result,
     cuModuleLoadData: *const fn (*Module, *const anyopaque) callconv(.c) Result,
     cuModuleUnload: *const fn (Module) callconv(.c) Result,

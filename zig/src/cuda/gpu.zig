@@ -73,6 +73,11 @@ pub const Gpu = struct {
         try gpu.driver.check(gpu.driver.api.cuMemcpyHtoDAsync_v2(target, source.ptr, source.len, gpu.stream), "cuMemcpyHtoDAsync", diag);
     }
 
+    /// Device to device on the stream, queued after the kernels.
+    pub fn copy(gpu: *const Gpu, target: DevicePtr, source: DevicePtr, size_bytes: usize, diag: *Diagnostic) Error!void {
+        try gpu.driver.check(gpu.driver.api.cuMemcpyDtoDAsync_v2(target, source, size_bytes, gpu.stream), "cuMemcpyDtoDAsync", diag);
+    }
+
     /// Queued after the kernels; complete after the next `synchronize`.
     pub fn downloadAsync(gpu: *const Gpu, target: []u8, source: DevicePtr, diag: *Diagnostic) Error!void {
         try gpu.driver.check(gpu.driver.api.cuMemcpyDtoHAsync_v2(target.ptr, source, target.len, gpu.stream), "cuMemcpyDtoHAsync", diag);

@@ -6,6 +6,7 @@ pub const sm_list = kernel_images.sm_list;
 pub const exl3_decode: []const u8 = &kernel_images.exl3_decode;
 pub const glm_forward: []const u8 = &kernel_images.glm_forward;
 pub const exl3_encode: []const u8 = &kernel_images.exl3_encode;
+pub const bench: []const u8 = &kernel_images.bench;
 
 test "images are embedded exactly when nvcc built them" {
     const std = @import("std");

@@ -110,6 +110,7 @@ pub const GpuModel = struct {
     shared_out: Ptr,
     acc: Ptr,
     counters: Ptr,
+    grouping: K.Grouping,
     pair_layers: Ptr,
     pair_rows: Ptr,
     scores: Ptr,
@@ -136,6 +137,12 @@ pub const GpuModel = struct {
         model.graph_next = 0;
         model.graph_replays = 0;
         model.graphs_enabled = limits.graphs and !graphsOffInEnvironment();
+        // A launch's items (2 x rows x top-k for the expert gate/up pair) are its grid's z extent.
+        const items_max = 2 * limits.rows_max * @max(weights.config.experts_per_token, 1);
+        if (items_max > 65535) {
+            diag.set("rows_max {d} is too large for the CUDA backend: 2 x rows_max x experts_per_token = {d} exceeds 65535 items per launch", .{ limits.rows_max, items_max });
+            return error.UnsupportedModel;
+        }
         model.gpu = try cuda.Gpu.open(limits.device, diag);
         errdefer model.gpu.close();
         errdefer model.freeAll();
@@ -393,6 +400,14 @@ pub const GpuModel = struct {
         model.acc = try model.alloc(need.partials * f, diag);
         model.counters = try model.alloc(need.counters * 4, diag);
         try model.gpu.zero(model.counters, need.counters * 4, diag);
+        model.grouping = .{
+            .ranks = try model.alloc(need.items * 4, diag),
+            .sorted = try model.alloc(need.items * 4, diag),
+            .first = try model.alloc(need.groups * 4, diag),
+            .count = try model.alloc(need.groups * 4, diag),
+            .layer = try model.alloc(need.groups * 4, diag),
+            .total = try model.alloc(4, diag),
+        };
         model.pair_layers = try model.alloc(2 * items * 4, diag);
         model.pair_rows = try model.alloc(2 * items * 4, diag);
         // Attention scores: (rows, heads, context) would be large at long contexts; the kernel
@@ -419,7 +434,7 @@ pub const GpuModel = struct {
         sum: *const fn (context: *anyopaque, model: *GpuModel, buffer: Ptr, count: usize, diag: *Diagnostic) anyerror!void,
     };
 
-    const LinearScratch = struct { partials: usize = 1, counters: usize = 1 };
+    const LinearScratch = struct { partials: usize = 1, counters: usize = 1, items: usize = 1, groups: usize = 1 };
 
     /// What the largest tf_exl3_item_linear call needs: splits(k_p) x items x n_p partial sums and a
     /// completion counter per (item, 128 columns). Gate/up pairs run twice the items.
@@ -428,18 +443,21 @@ pub const GpuModel = struct {
         const l = model.limits;
         var need: LinearScratch = .{};
         const Need = struct {
-            fn add(n: *LinearScratch, k_p: usize, n_p: usize, items: usize) void {
+            fn add(n: *LinearScratch, k_p: usize, n_p: usize, items: usize, layers: usize) void {
                 n.partials = @max(n.partials, K.splitsFor(k_p) * items * n_p);
-                n.counters = @max(n.counters, K.countersFor(items, n_p));
+                n.counters = @max(n.counters, K.countersFor(@max(items, K.groupsMax(items, layers)), n_p));
+                n.items = @max(n.items, items);
+                n.groups = @max(n.groups, K.groupsMax(items, layers));
             }
             fn linear(n: *LinearScratch, l_: *const GpuLinear, items: usize) void {
                 switch (l_.kind) {
-                    .exl3 => |e| add(n, e.k_p, e.n_p, items),
+                    .exl3 => |e| add(n, e.k_p, e.n_p, items, 1),
                     .dense => {},
                 }
             }
             fn mlp(n: *LinearScratch, m: *const GpuMlp, rows: usize) void {
                 linear(n, &m.gate, 2 * rows);
+                if (m.gate.kind == .exl3) add(n, m.gate.kind.exl3.k_p, m.gate.kind.exl3.n_p, 2 * rows, 2);
                 linear(n, &m.down, rows);
             }
         };
@@ -450,8 +468,8 @@ pub const GpuModel = struct {
                 .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),
                 .moe => |*moe| {
                     const items = l.rows_max * c.experts_per_token;
-                    Need.add(&need, moe.gate.k_p, moe.gate.n_p, 2 * items);
-                    Need.add(&need, moe.down.k_p, moe.down.n_p, items);
+                    Need.add(&need, moe.gate.k_p, moe.gate.n_p, 2 * items, 2 * c.routed_experts);
+                    Need.add(&need, moe.down.k_p, moe.down.n_p, items, c.routed_experts);
                     if (moe.shared) |*mlp| Need.mlp(&need, mlp, l.rows_max);
                 },
             }
@@ -636,6 +654,7 @@ pub const GpuModel = struct {
                 .table = e.table,
                 .acc = model.acc,
                 .counters = model.counters,
+                .grouping = model.grouping,
                 .y = y,
                 .items = rows,
                 .in_features = linear.in_features,
@@ -665,6 +684,7 @@ pub const GpuModel = struct {
                 .table = mlp.pair,
                 .acc = model.acc,
                 .counters = model.counters,
+                .grouping = model.grouping,
                 .y = model.gate,
                 .items = 2 * rows,
                 .in_features = mlp.gate.in_features,
@@ -690,6 +710,7 @@ pub const GpuModel = struct {
                 .table = e.table,
                 .acc = model.acc,
                 .counters = model.counters,
+                .grouping = model.grouping,
                 .y = y,
                 .items = rows,
                 .in_features = down.in_features,
@@ -738,8 +759,10 @@ pub const GpuModel = struct {
             .table = g.table,
             .acc = model.acc,
             .counters = model.counters,
+            .grouping = model.grouping,
             .y = model.gate,
             .items = 2 * items,
+            .layers = 2 * c.routed_experts,
             .in_features = g.in_features,
             .out_features = width,
             .k_p = g.k_p,
@@ -755,8 +778,10 @@ pub const GpuModel = struct {
             .table = d.table,
             .acc = model.acc,
             .counters = model.counters,
+            .grouping = model.grouping,
             .y = model.items_out,
             .items = items,
+            .layers = c.routed_experts,
             .in_features = d.in_features,
             .out_features = d.out_features,
             .k_p = d.k_p,

@@ -1,0 +1,451 @@
+//! tf-bench: this GPU's ceilings and the EXL3 expert kernels, as tables (a benchmark, not a test;
+//! docs/measurements.md records runs).
+//!
+//!   tf-bench [--quick]
+//!
+//! 1. Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written per second.
+//! 2. The mma.sync rate (m16n8k16, f16 and bf16 inputs, f32 accumulate).
+//! 3. The experts of one GLM-4.5-Air-shaped MoE layer (hidden 4096, moe_intermediate 1408, 128
+//!    routed experts, top-8, one shared expert) at 3 and 4 bits, MUL1 and 3INST codebooks, through
+//!    the engine's kernels (gate/up pair, down with the SwiGLU fused, shared expert, combine):
+//!    - decode at M = 1, 4, 16 rows: 32 calls recorded in one CUDA graph, each call with new expert
+//!      picks and its own copy of the shared expert, so that the weights come from DRAM, not L2;
+//!      the median of 5 replays, per call;
+//!    - prefill at M = 512, 2048, 4096 rows (the grouped path: items sorted by expert, each decoded
+//!      tile serving up to 16 of them; the fused mma prefill kernels are not written yet), the
+//!      median of 3.
+//!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
+//! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
+const std = @import("std");
+const tf = @import("trellisforge");
+const cuda = tf.cuda;
+const Diagnostic = tf.core.Diagnostic;
+const K = cuda.glm_kernels;
+const Ptr = cuda.gpu.DevicePtr;
+
+fn say(comptime fmt: []const u8, args: anytype) void {
+    var buffer: [4096]u8 = undefined;
+    const text = std.fmt.bufPrint(&buffer, fmt, args) catch return;
+    _ = std.c.write(1, text.ptr, text.len);
+}
+
+pub fn main(init: std.process.Init) u8 {
+    const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
+    var quick = false;
+    for (args[1..]) |arg| {
+        if (std.mem.eql(u8, arg, "--quick")) quick = true else {
+            say("usage: tf-bench [--quick]\n", .{});
+            return 2;
+        }
+    }
+    var diag: Diagnostic = .{};
+    var gpu = cuda.Gpu.open(0, &diag) catch {
+        say("cannot open the GPU: {s}\n", .{diag.message()});
+        return 1;
+    };
+    defer gpu.close();
+    say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
+    run(init.gpa, &gpu, quick, &diag) catch |err| {
+        say("tf-bench failed: {t}: {s}\n", .{ err, diag.message() });
+        return 1;
+    };
+    return 0;
+}
+
+fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, diag: *Diagnostic) !void {
+    const copy_gbs = try copyBandwidth(gpu, diag);
+    say("\ncopy bandwidth (1 GiB device to device, read + written): {d:.0} GB/s\n", .{copy_gbs});
+    try mmaRate(gpu, diag);
+
+    var module = try K.load(gpu, diag);
+    defer module.unload(gpu);
+    say("\nexperts of one GLM-4.5-Air MoE layer (128 x [4096 -> 1408 -> 4096], top-8 + 1 shared)\n", .{});
+    say("{s:<6} {s:<6} {s:>6} {s:>10} {s:>9} {s:>9} {s:>8}\n", .{ "bits", "cb", "M", "us/layer", "MB read", "GB/s", "% copy" });
+    const configs = [_]struct { bits: u8, codebook: tf.exl3.Codebook }{
+        .{ .bits = 3, .codebook = .mul1 }, .{ .bits = 3, .codebook = .@"3inst" },
+        .{ .bits = 4, .codebook = .mul1 }, .{ .bits = 4, .codebook = .@"3inst" },
+    };
+    for (configs, 0..) |config, i| {
+        if (quick and i > 0) break;
+        var layer = try Layer.init(gpa, gpu, config.bits, config.codebook, diag);
+        defer layer.deinit(gpu);
+        for ([_]usize{ 1, 4, 16 }) |m| try layer.decode(gpa, gpu, &module, m, copy_gbs, diag);
+        for ([_]usize{ 512, 2048, 4096 }) |m| {
+            if (quick and m > 512) break;
+            try layer.prefill(gpa, gpu, &module, m, copy_gbs, diag);
+        }
+    }
+}
+
+fn copyBandwidth(gpu: *cuda.Gpu, diag: *Diagnostic) !f64 {
+    const size: usize = 1 << 30;
+    const a = try gpu.alloc(size, diag);
+    defer gpu.free(a);
+    const b = try gpu.alloc(size, diag);
+    defer gpu.free(b);
+    try gpu.copy(b, a, size, diag); // warm-up
+    var timer = try cuda.gpu.Timer.create(gpu, diag);
+    defer timer.destroy(gpu);
+    const repeats = 10;
+    try timer.begin(gpu, diag);
+    for (0..repeats) |_| try gpu.copy(b, a, size, diag);
+    const ms = try timer.end(gpu, diag);
+    return 2.0 * @as(f64, @floatFromInt(size)) * repeats / (@as(f64, ms) * 1e-3) / 1e9;
+}
+
+fn mmaRate(gpu: *cuda.Gpu, diag: *Diagnostic) !void {
+    var module = try cuda.bench_kernels.load(gpu, diag);
+    defer module.unload(gpu);
+    const blocks = gpu.multiprocessors * 8;
+    const iterations: u32 = 4096;
+    const out = try gpu.alloc(@as(usize, blocks) * 256 * 4, diag);
+    defer gpu.free(out);
+    var timer = try cuda.gpu.Timer.create(gpu, diag);
+    defer timer.destroy(gpu);
+    inline for (.{ false, true }) |bf16| {
+        try cuda.bench_kernels.mma(gpu, &module, bf16, out, blocks, iterations, diag); // warm-up
+        try timer.begin(gpu, diag);
+        try cuda.bench_kernels.mma(gpu, &module, bf16, out, blocks, iterations, diag);
+        const ms = try timer.end(gpu, diag);
+        const tflops = cuda.bench_kernels.mmaFlops(blocks, iterations) / (@as(f64, ms) * 1e-3) / 1e12;
+        say("mma.sync m16n8k16 {s} -> f32: {d:.0} TFLOP/s\n", .{ if (bf16) "bf16" else "f16 ", tflops });
+    }
+}
+
+const hidden = 4096;
+const intermediate = 1408;
+const experts = 128;
+const top_k = 8;
+/// Copies of the shared expert, one per call in turn, so that it too comes from DRAM.
+const shared_copies = 16;
+const calls = 32;
+
+/// One MoE layer's experts in device memory: random trellis words (any 16-bit pattern decodes),
+/// suh/svh of ±1.
+const Layer = struct {
+    bits: u8,
+    codebook: u8,
+    words: Ptr,
+    signs: Ptr,
+    gate_up: Ptr, // Exl3Layer[2 * experts]: gate entries, then up entries
+    down: Ptr, // Exl3Layer[experts]
+    shared_pair: Ptr, // Exl3Layer[2 * shared_copies]
+    shared_down: Ptr, // Exl3Layer[shared_copies]
+    projection_bytes: usize,
+
+    fn init(gpa: std.mem.Allocator, gpu: *cuda.Gpu, bits: u8, codebook: tf.exl3.Codebook, diag: *Diagnostic) !Layer {
+        var layer: Layer = undefined;
+        layer.bits = bits;
+        layer.codebook = @backingInt(codebook);
+        layer.projection_bytes = hidden * intermediate * @as(usize, bits) / 8;
+        const projections = 3 * (experts + shared_copies);
+        layer.words = try gpu.alloc(projections * layer.projection_bytes, diag);
+        errdefer gpu.free(layer.words);
+        // Random words, uploaded in 64 MiB pieces.
+        const piece = try gpa.alloc(u8, 64 << 20);
+        defer gpa.free(piece);
+        var prng = std.Random.DefaultPrng.init(0xbe9c4);
+        prng.random().bytes(piece);
+        var at: usize = 0;
+        const total = projections * layer.projection_bytes;
+        while (at < total) : (at += piece.len) try gpu.upload(layer.words + at, piece[0..@min(piece.len, total - at)], diag);
+        const signs = try gpa.alloc(u16, hidden);
+        defer gpa.free(signs);
+        for (signs) |*s| s.* = if (prng.random().boolean()) 0x3C00 else 0xBC00;
+        layer.signs = try gpu.alloc(hidden * 2, diag);
+        errdefer gpu.free(layer.signs);
+        try gpu.upload(layer.signs, std.mem.sliceAsBytes(signs), diag);
+
+        const entries = try gpa.alloc(K.Exl3Layer, projections);
+        defer gpa.free(entries);
+        for (entries, 0..) |*entry, p| entry.* = .{ .words = layer.words + p * layer.projection_bytes, .suh = layer.signs, .svh = layer.signs, .bias = 0 };
+        // Projections: [gate x E, up x E, down x E, shared gate/up pairs x S, shared down x S].
+        const table = try gpu.alloc(projections * @sizeOf(K.Exl3Layer), diag);
+        errdefer gpu.free(table);
+        try gpu.upload(table, std.mem.sliceAsBytes(entries), diag);
+        const entry_size = @sizeOf(K.Exl3Layer);
+        layer.gate_up = table;
+        layer.down = table + 2 * experts * entry_size;
+        layer.shared_pair = table + 3 * experts * entry_size;
+        layer.shared_down = layer.shared_pair + 2 * shared_copies * entry_size;
+        try gpu.synchronize(diag);
+        return layer;
+    }
+
+    fn deinit(layer: *Layer, gpu: *cuda.Gpu) void {
+        gpu.free(layer.gate_up);
+        gpu.free(layer.signs);
+        gpu.free(layer.words);
+    }
+
+    /// Device buffers for calls of m rows; `variants` calls' routing laid out back to back.
+    const Buffers = struct {
+        x: Ptr,
+        gate: Ptr,
+        items_out: Ptr,
+        shared_gate: Ptr,
+        shared_out: Ptr,
+        ffn_out: Ptr,
+        acc: Ptr,
+        counters: Ptr,
+        pair_layers: Ptr,
+        pair_rows: Ptr,
+        route_experts: Ptr,
+        route_weights: Ptr,
+        grouping: K.Grouping,
+        all: [18]Ptr,
+        count: usize,
+
+        fn init(gpa: std.mem.Allocator, gpu: *cuda.Gpu, m: usize, variants: usize, random: std.Random, diag: *Diagnostic) !struct { Buffers, f64 } {
+            var b: Buffers = undefined;
+            b.count = 0;
+            errdefer b.deinit(gpu);
+            const items = m * top_k;
+            const f = @sizeOf(f32);
+            const chunk_items: usize = @min(items, 2048 * top_k);
+            b.x = try b.take(gpu, m * hidden * f, diag);
+            b.gate = try b.take(gpu, 2 * items * intermediate * f, diag);
+            b.items_out = try b.take(gpu, items * hidden * f, diag);
+            b.shared_gate = try b.take(gpu, 2 * m * intermediate * f, diag);
+            b.shared_out = try b.take(gpu, m * hidden * f, diag);
+            b.ffn_out = try b.take(gpu, m * hidden * f, diag);
+            const splits_gate = K.splitsFor(hidden);
+            const splits_down = K.splitsFor(intermediate);
+            b.acc = try b.take(gpu, @max(splits_gate * 2 * chunk_items * intermediate, splits_down * chunk_items * hidden) * f, diag);
+            const groups = K.groupsMax(2 * chunk_items, 2 * experts);
+            const counters = @max(K.countersFor(@max(2 * chunk_items, groups), intermediate), K.countersFor(@max(chunk_items, groups), hidden));
+            b.grouping = .{
+                .ranks = try b.take(gpu, 2 * chunk_items * 4, diag),
+                .sorted = try b.take(gpu, 2 * chunk_items * 4, diag),
+                .first = try b.take(gpu, groups * 4, diag),
+                .count = try b.take(gpu, groups * 4, diag),
+                .layer = try b.take(gpu, groups * 4, diag),
+                .total = try b.take(gpu, 4, diag),
+            };
+            b.counters = try b.take(gpu, counters * 4, diag);
+            try gpu.zero(b.counters, counters * 4, diag);
+            b.pair_layers = try b.take(gpu, variants * 2 * items * 4, diag);
+            b.pair_rows = try b.take(gpu, variants * 2 * items * 4, diag);
+            b.route_experts = try b.take(gpu, variants * items * 4, diag);
+            b.route_weights = try b.take(gpu, variants * items * f, diag);
+
+            const x = try gpa.alloc(f32, m * hidden);
+            defer gpa.free(x);
+            for (x) |*v| v.* = random.floatNorm(f32);
+            try gpu.upload(b.x, std.mem.sliceAsBytes(x), diag);
+            const pair_layers = try gpa.alloc(i32, variants * 2 * items);
+            defer gpa.free(pair_layers);
+            const pair_rows = try gpa.alloc(i32, variants * 2 * items);
+            defer gpa.free(pair_rows);
+            const route_experts = try gpa.alloc(i32, variants * items);
+            defer gpa.free(route_experts);
+            const route_weights = try gpa.alloc(f32, variants * items);
+            defer gpa.free(route_weights);
+            var distinct_total: usize = 0;
+            for (0..variants) |v| {
+                var used = std.StaticBitSet(experts).empty;
+                for (0..m) |row| {
+                    // top_k distinct experts in ascending order, as the router writes them.
+                    var picked = std.StaticBitSet(experts).empty;
+                    while (picked.count() < top_k) picked.set(random.uintLessThan(usize, experts));
+                    var it = picked.iterator(.{});
+                    var slot: usize = 0;
+                    while (it.next()) |e| : (slot += 1) {
+                        const i = v * items + row * top_k + slot;
+                        route_experts[i] = @intCast(e);
+                        route_weights[i] = 1.0 / @as(f32, top_k);
+                        const pi = v * 2 * items + row * top_k + slot;
+                        pair_layers[pi] = @intCast(e);
+                        pair_layers[pi + items] = @intCast(experts + e);
+                        pair_rows[pi] = @intCast(row);
+                        pair_rows[pi + items] = @intCast(row);
+                    }
+                    used.setUnion(picked);
+                }
+                distinct_total += used.count();
+            }
+            try gpu.upload(b.pair_layers, std.mem.sliceAsBytes(pair_layers), diag);
+            try gpu.upload(b.pair_rows, std.mem.sliceAsBytes(pair_rows), diag);
+            try gpu.upload(b.route_experts, std.mem.sliceAsBytes(route_experts), diag);
+            try gpu.upload(b.route_weights, std.mem.sliceAsBytes(route_weights), diag);
+            try gpu.synchronize(diag);
+            return .{ b, @as(f64, @floatFromInt(distinct_total)) / @as(f64, @floatFromInt(variants)) };
+        }
+
+        fn take(b: *Buffers, gpu: *cuda.Gpu, size: usize, diag: *Diagnostic) !Ptr {
+            const ptr = try gpu.alloc(size, diag);
+            b.all[b.count] = ptr;
+            b.count += 1;
+            return ptr;
+        }
+
+        fn deinit(b: *Buffers, gpu: *cuda.Gpu) void {
+            for (b.all[0..b.count]) |ptr| gpu.free(ptr);
+        }
+    };
+
+    /// One call's launches: the MoE block of the engine minus the router (cuda_exl3.zig runMoe).
+    /// Rows go in chunks of at most 2048 (a launch's items are its grid's z extent).
+    fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize) !void {
+        const f = @sizeOf(f32);
+        const items = m * top_k;
+        const entry = @sizeOf(K.Exl3Layer);
+        // As the engine: the kernels take the grouped path when a layer has 4 items on average.
+        const grouping: ?K.Grouping = b.grouping;
+        var row: usize = 0;
+        while (row < m) {
+            const rows: usize = @min(2048, m - row);
+            const chunk = rows * top_k;
+            const first = row * top_k;
+            if (rows == m) {
+                // Every item in one launch, as the engine runs them.
+                try k.exl3Linear(.{
+                    .x = b.x,
+                    .source_rows = b.pair_rows + variant * 2 * items * 4,
+                    .layer_of_item = b.pair_layers + variant * 2 * items * 4,
+                    .table = layer.gate_up,
+                    .acc = b.acc,
+                    .counters = b.counters,
+                    .y = b.gate,
+                    .items = 2 * items,
+                    .in_features = hidden,
+                    .layers = 2 * experts,
+                    .grouping = grouping,
+                    .out_features = intermediate,
+                    .k_p = hidden,
+                    .n_p = intermediate,
+                    .bits2 = 2 * layer.bits,
+                    .codebook = layer.codebook,
+                });
+            } else inline for (.{ 0, 1 }) |half| {
+                // The chunk's slice of the gate half, then of the up half.
+                try k.exl3Linear(.{
+                    .x = b.x,
+                    .source_rows = b.pair_rows + (variant * 2 * items + half * items + first) * 4,
+                    .layer_of_item = b.pair_layers + (variant * 2 * items + half * items + first) * 4,
+                    .table = layer.gate_up,
+                    .acc = b.acc,
+                    .counters = b.counters,
+                    .y = b.gate + (half * items + first) * intermediate * f,
+                    .items = chunk,
+                    .layers = 2 * experts,
+                    .grouping = grouping,
+                    .in_features = hidden,
+                    .out_features = intermediate,
+                    .k_p = hidden,
+                    .n_p = intermediate,
+                    .bits2 = 2 * layer.bits,
+                    .codebook = layer.codebook,
+                });
+            }
+            try k.exl3Linear(.{
+                .x = b.gate + first * intermediate * f,
+                .up = b.gate + (items + first) * intermediate * f,
+                .layer_of_item = b.route_experts + (variant * items + first) * 4,
+                .table = layer.down,
+                .acc = b.acc,
+                .counters = b.counters,
+                .y = b.items_out + first * hidden * f,
+                .items = chunk,
+                .in_features = intermediate,
+                .layers = experts,
+                .grouping = grouping,
+                .out_features = hidden,
+                .k_p = intermediate,
+                .n_p = hidden,
+                .bits2 = 2 * layer.bits,
+                .codebook = layer.codebook,
+            });
+            row += rows;
+        }
+        const copy = call % shared_copies;
+        var done: usize = 0;
+        while (done < m) {
+            const rows: usize = @min(2048, m - done);
+            try k.exl3Linear(.{
+                .x = b.x + done * hidden * f,
+                .group_items = rows,
+                .table = layer.shared_pair + copy * 2 * entry,
+                .acc = b.acc,
+                .counters = b.counters,
+                .y = b.shared_gate,
+                .items = 2 * rows,
+                .in_features = hidden,
+                .out_features = intermediate,
+                .grouping = grouping,
+                .k_p = hidden,
+                .n_p = intermediate,
+                .bits2 = 2 * layer.bits,
+                .codebook = layer.codebook,
+            });
+            try k.exl3Linear(.{
+                .x = b.shared_gate,
+                .up = b.shared_gate + rows * intermediate * f,
+                .table = layer.shared_down + copy * entry,
+                .acc = b.acc,
+                .counters = b.counters,
+                .y = b.shared_out + done * hidden * f,
+                .items = rows,
+                .in_features = intermediate,
+                .grouping = grouping,
+                .out_features = hidden,
+                .k_p = intermediate,
+                .n_p = hidden,
+                .bits2 = 2 * layer.bits,
+                .codebook = layer.codebook,
+            });
+            done += rows;
+        }
+        try k.moeCombine(b.items_out, b.route_weights + variant * items * f, b.shared_out, b.ffn_out, m, top_k, hidden);
+    }
+
+    fn report(layer: *const Layer, m: usize, us: f64, distinct: f64, copy_gbs: f64) void {
+        const mb = (distinct + 1) * 3 * @as(f64, @floatFromInt(layer.projection_bytes)) / 1e6;
+        const gbs = mb * 1e6 / (us * 1e-6) / 1e9;
+        const cb: tf.exl3.Codebook = @fromBackingInt(@intCast(layer.codebook));
+        say("{d:<6} {t:<6} {d:>6} {d:>10.1} {d:>9.1} {d:>9.0} {d:>7.1}%\n", .{ layer.bits, cb, m, us, mb, gbs, 100 * gbs / copy_gbs });
+    }
+
+    fn decode(layer: *const Layer, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, m: usize, copy_gbs: f64, diag: *Diagnostic) !void {
+        var prng = std.Random.DefaultPrng.init(m);
+        var made = try Buffers.init(gpa, gpu, m, calls, prng.random(), diag);
+        defer made[0].deinit(gpu);
+        const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
+        try cuda.gpu.Graph.beginCapture(gpu, diag);
+        for (0..calls) |call| layer.enqueueCall(k, &made[0], m, call, call) catch |err| {
+            _ = cuda.gpu.Graph.endCapture(gpu, false, diag) catch {};
+            return err;
+        };
+        var graph = try cuda.gpu.Graph.endCapture(gpu, true, diag);
+        defer graph.destroy(gpu);
+        try graph.launch(gpu, diag); // warm-up
+        var timer = try cuda.gpu.Timer.create(gpu, diag);
+        defer timer.destroy(gpu);
+        var times: [5]f64 = undefined;
+        for (&times) |*t| {
+            try timer.begin(gpu, diag);
+            try graph.launch(gpu, diag);
+            t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / calls;
+        }
+        std.mem.sort(f64, &times, {}, std.sort.asc(f64));
+        layer.report(m, times[2], made[1], copy_gbs);
+    }
+
+    fn prefill(layer: *const Layer, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, m: usize, copy_gbs: f64, diag: *Diagnostic) !void {
+        var prng = std.Random.DefaultPrng.init(m);
+        var made = try Buffers.init(gpa, gpu, m, 1, prng.random(), diag);
+        defer made[0].deinit(gpu);
+        const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
+        try layer.enqueueCall(k, &made[0], m, 0, 0); // warm-up
+        var timer = try cuda.gpu.Timer.create(gpu, diag);
+        defer timer.destroy(gpu);
+        var times: [3]f64 = undefined;
+        for (&times, 0..) |*t, i| {
+            try timer.begin(gpu, diag);
+            try layer.enqueueCall(k, &made[0], m, 0, i + 1);
+            t.* = @as(f64, try timer.end(gpu, diag)) * 1e3;
+        }
+        std.mem.sort(f64, &times, {}, std.sort.asc(f64));
+        layer.report(m, times[1], made[1], copy_gbs);
+    }
+};
