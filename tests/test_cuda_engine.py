@@ -93,3 +93,14 @@ def test_grouped_and_item_paths_give_the_same_bits():
         items = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=3)
         grouped = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=64)
         assert np.array_equal(items.logits(tokens).view(np.uint32), grouped.logits(tokens).view(np.uint32)), variant
+
+
+def test_rows_next_to_a_chunk_boundary_equal_the_rows_computed_alone():
+    """Rows 1023, 1024 and 1025 of a 1030-row prompt prefilled in chunks of 1024 rows (the grouped
+    path, a chunk boundary between them) equal the same rows computed one row per forward (the
+    item path), bit for bit: tile settings depend on the shape alone."""
+    tokens = [int(t) for t in np.random.default_rng(10).integers(0, 2048, 1030)]
+    batched = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1024, ctx=1040).logits(tokens)
+    alone = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1, ctx=1040).logits(tokens[:1026])
+    for position in (1023, 1024, 1025):
+        assert np.array_equal(batched[position].view(np.uint32), alone[position].view(np.uint32)), position
