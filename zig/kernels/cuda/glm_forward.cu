@@ -58,33 +58,49 @@ extern "C" __global__ void tf_embed(const uint32_t* __restrict__ tokens, const f
 }
 
 // w ⊙ x / sqrt(mean(x²) + eps), one block of 256 threads per row; out may alias x (each thread
-// writes only what it read). Rows of up to 8192 values, a multiple of 4, are read once as float4
+// writes only what it read). With `delta`, first x += delta (the residual add, written back; out
+// must not alias x then): one launch instead of an add and a norm. Rows of up to 8192 values, a multiple of 4, are read once as float4
 // into registers, all loads issued before any is used: at one row per step the kernel is a single
 // block, and a loop of dependent loads made it ~14 us on the H200.
 constexpr int kNormCache = 8;
 
-extern "C" __global__ void __launch_bounds__(256) tf_rmsnorm(const float* x, const float* __restrict__ weight, float* out,
-                                                             int rows, int width, float eps) {
+extern "C" __global__ void __launch_bounds__(256) tf_rmsnorm(float* x, const float* __restrict__ delta, const float* __restrict__ weight,
+                                                             float* out, int rows, int width, float eps) {
     __shared__ float partial[8];
     const int row = blockIdx.x;
     if (row >= rows) return;
-    const float* in = x + static_cast<size_t>(row) * width;
+    float* in = x + static_cast<size_t>(row) * width;
+    const float* add = delta ? delta + static_cast<size_t>(row) * width : nullptr;
     float* target = out + static_cast<size_t>(row) * width;
     const bool cached = width % 4 == 0 && width <= 4 * 256 * kNormCache;
     const int n4 = width / 4;
     float4 v[kNormCache];
     float sum = 0.f;
     if (cached) {
-        const float4* in4 = reinterpret_cast<const float4*>(in);
+        float4* in4 = reinterpret_cast<float4*>(in);
 #pragma unroll
         for (int j = 0; j < kNormCache; ++j) {
             const int i = threadIdx.x + j * 256;
             v[j] = i < n4 ? in4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
+        if (add) {
+            const float4* add4 = reinterpret_cast<const float4*>(add);
+#pragma unroll
+            for (int j = 0; j < kNormCache; ++j) {
+                const int i = threadIdx.x + j * 256;
+                if (i >= n4) continue;
+                const float4 d = add4[i];
+                v[j] = make_float4(v[j].x + d.x, v[j].y + d.y, v[j].z + d.z, v[j].w + d.w);
+                in4[i] = v[j];
+            }
+        }
 #pragma unroll
         for (int j = 0; j < kNormCache; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     } else {
-        for (int i = threadIdx.x; i < width; i += blockDim.x) sum += in[i] * in[i];
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            if (add) in[i] += add[i];
+            sum += in[i] * in[i];
+        }
     }
     sum = warp_sum(sum);
     if (threadIdx.x % kWarp == 0) partial[threadIdx.x / kWarp] = sum;
@@ -485,8 +501,20 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* _
     const int lane = threadIdx.x % kWarp;
     if (row >= rows || e >= experts) return;
     const float* in = x + static_cast<size_t>(row) * hidden;
+    const float* w = gate + static_cast<size_t>(e) * hidden;
     float dot = 0.f;
-    for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], gate[static_cast<size_t>(e) * hidden + i], dot);
+    if (hidden % 4 == 0) {
+        // float4 loads, eight in flight per lane: the router matrix is read once per step.
+        const float4* in4 = reinterpret_cast<const float4*>(in);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll 8
+        for (int i = lane; i < hidden / 4; i += kWarp) {
+            const float4 a = in4[i], b = w4[i];
+            dot = fmaf(a.x, b.x, dot); dot = fmaf(a.y, b.y, dot); dot = fmaf(a.z, b.z, dot); dot = fmaf(a.w, b.w, dot);
+        }
+    } else {
+        for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], w[i], dot);
+    }
     dot = warp_sum(dot);
     if (lane == 0) {
         float* probability = scratch + static_cast<size_t>(row) * 2 * experts;

@@ -87,8 +87,14 @@ pub const Kernels = struct {
 
     /// 256 threads per row: the kernel's 8-warp reduction assumes exactly that.
     pub fn rmsnorm(k: Kernels, x: Ptr, weight: Ptr, out: Ptr, rows: usize, width: usize, eps: f32) Error!void {
-        var a = .{ x, weight, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(width)), eps };
-        try k.run("tf_rmsnorm", .{ @intCast(rows), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
+        return k.addRmsnorm(x, 0, weight, out, rows, width, eps);
+    }
+
+    /// x += delta, then out = rmsnorm(x): the residual add and the next norm in one launch.
+    pub fn addRmsnorm(k: Kernels, x: Ptr, delta: Ptr, weight: Ptr, out: Ptr, rows: usize, width: usize, eps: f32) Error!void {
+        std.debug.assert(delta == 0 or out != x);
+        var a = .{ x, delta, weight, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(width)), eps };
+        try k.run("tf_rmsnorm", .{ @intCast(rows), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
     }
 
     pub fn add(k: Kernels, target: Ptr, source: Ptr, count: usize) Error!void {

@@ -550,21 +550,28 @@ pub const GpuModel = struct {
         const c = model.config;
         const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
         try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
+        // Each residual add is fused with the norm that follows it: the post-attention norm, the
+        // next layer's input norm, or the final norm.
+        if (model.blocks.len > 0) try k.rmsnorm(model.hidden, model.blocks[0].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
         for (model.blocks, 0..) |*block, layer| {
-            try k.rmsnorm(model.hidden, block.input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
             try model.attention(k, block, layer, rows);
             if (reduce) |r| r.sum(r.context, model, model.projected, rows * c.hidden_size, diag) catch return error.CudaFailed;
-            try k.add(model.hidden, model.projected, rows * c.hidden_size);
-            try k.rmsnorm(model.hidden, block.post_attention_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            try k.addRmsnorm(model.hidden, model.projected, block.post_attention_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
             switch (block.ffn) {
                 .dense => |*mlp| try model.runMlp(k, mlp, model.normed, model.ffn_out, rows),
                 .moe => |*moe| try model.runMoe(k, moe, rows),
             }
             if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * c.hidden_size, diag) catch return error.CudaFailed;
-            try k.add(model.hidden, model.ffn_out, rows * c.hidden_size);
+            if (layer + 1 < model.blocks.len) {
+                try k.addRmsnorm(model.hidden, model.ffn_out, model.blocks[layer + 1].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            } else if (wanted > 0) {
+                try k.addRmsnorm(model.hidden, model.ffn_out, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            } else {
+                try k.add(model.hidden, model.ffn_out, rows * c.hidden_size);
+            }
         }
         if (wanted == 0) return;
-        try k.rmsnorm(model.hidden, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+        if (model.blocks.len == 0) try k.rmsnorm(model.hidden, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
         switch (model.lm_head.kind) {
             .exl3 => try model.runLinear(k, &model.lm_head, model.normed, model.logits, wanted, model.logits_rows),
             .dense => |dense| {
