@@ -3,6 +3,7 @@ worker. A streamed chat works; when rank 1 dies, /health turns 503 and requests 
 error instead of hanging."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -16,13 +17,19 @@ from server_process import free_port, running_server
 
 
 def test_tp2_server_and_a_dead_worker():
+    run_tp2_server_and_kill_the_worker("cpu")
+
+
+def run_tp2_server_and_kill_the_worker(backend: str) -> None:
+    """Rank 0 serves HTTP with `backend`, rank 1 is a worker process (on its own GPU with cuda)."""
     model = str(checkpoint_dir("3.0"))
     master = f"127.0.0.1:{free_port()}"
+    worker_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))}
     worker = subprocess.Popen([sys.executable, "-m", "server", "--model", model, "--tp-world", "2", "--tp-rank", "1",
-                               "--tp-master", master], cwd=ROOT, env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"},
+                               "--tp-master", master], cwd=ROOT, env=worker_env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        with running_server("--model", model, "--model-name", "glm-tiny", "--tp-world", "2", "--tp-master", master) as (base, _):
+        with running_server("--model", model, "--model-name", "glm-tiny", "--backend", backend, "--tp-world", "2", "--tp-master", master) as (base, _):
             client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
             chunks = list(client.chat.completions.create(model="glm-tiny", messages=[{"role": "user", "content": "Hi"}],
                                                          max_tokens=8, temperature=0, stream=True))

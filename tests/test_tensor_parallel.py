@@ -115,3 +115,12 @@ def test_a_dead_worker_fails_the_step_with_a_message():
     assert caught.value.status_name == "io"
     with pytest.raises(TrellisError, match="tensor-parallel peer"):  # and stays failed, not hung
         engine.generate(tokens, 2)
+
+
+def test_the_engine_benchmark_runs_at_tp2(capsys):
+    from trellisforge import bench_engine
+    bench_engine.main([str(checkpoint_dir("3.0")), "--tp", "2", "--prompt-tokens", "12", "--decode-tokens", "3"])
+    out = capsys.readouterr().out
+    assert "tp 2" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["prefill"], ["decode"])]
+    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8), ("decode", 1, 2)]

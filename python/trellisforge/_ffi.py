@@ -88,6 +88,12 @@ def version() -> str:
     return ffi.string(lib.tf_version()).decode()
 
 
+def cuda_device_count() -> int:
+    """GPUs of this machine (0 when CUDA is unusable)."""
+    out = ffi.new("uint32_t *")
+    return int(out[0]) if lib.tf_cuda_device_count(out) == 0 else 0
+
+
 def cuda_available() -> tuple[bool, str]:
     """(True, "") when a GPU with our kernels is usable, else (False, the reason)."""
     status = lib.tf_cuda_available()

@@ -3,13 +3,18 @@ benchmark, not a test):
 
     python -m trellisforge.bench_engine MODEL_DIR [--prompt-tokens 256] [--decode-tokens 64]
     python -m trellisforge.bench_engine --synthetic glm-4.5-air [--bits 3] --backend cuda
+    python -m trellisforge.bench_engine MODEL_DIR --backend cuda --tp 2     (one GPU per rank)
 
 Prefill: one prompt's logits at every position. Decode: greedy tokens per second for 1 and for 4
-concurrent sequences (continuous batching)."""
+concurrent sequences (continuous batching), and sampled for 1. With --tp N the ranks 1..N-1 are
+worker processes on loopback (rank r on GPU r with cuda)."""
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -25,12 +30,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks as processes on loopback (MODEL_DIR only)")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
+    if args.tp > 1 and args.synthetic:
+        parser.error("--tp needs MODEL_DIR: every rank loads its shard from the checkpoint")
+    workers = []
     load_start = time.perf_counter()
     if args.synthetic:
         engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=8)
+    elif args.tp > 1:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            master = f"127.0.0.1:{probe.getsockname()[1]}"
+        code = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
+        workers = [subprocess.Popen([sys.executable, "-c", code, args.model_dir, str(rank), master]) for rank in range(1, args.tp)]
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8, tp_world=args.tp, tp_master=master)
     else:
         engine = Engine(args.model_dir, backend=args.backend, max_seqs=8)
     load_seconds = time.perf_counter() - load_start
@@ -57,7 +73,10 @@ def main(argv: list[str] | None = None) -> None:
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
         rows.append(("decode", streams, produced, elapsed, produced / elapsed, sampling))
-    print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
+    engine.close()
+    for worker in workers:
+        worker.wait(timeout=60)
+    print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, tp {args.tp}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
     print(f"engine ready in {load_seconds:.1f} s")
     print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}  sampling")
     for phase, streams, tokens, seconds, rate, sampling in rows:

@@ -60,6 +60,8 @@ const char *tf_last_error(void);
 
 /* CUDA: TF_OK when a GPU with our kernels is usable; otherwise TF_ERR_CUDA and the reason. */
 tf_status tf_cuda_available(void);
+/* The number of CUDA devices of this machine; an error with the reason when CUDA is unusable. */
+tf_status tf_cuda_device_count(uint32_t *out);
 
 /* A safetensors file, or a directory with model.safetensors or shards and an index. */
 tf_status tf_checkpoint_open(const char *path, tf_checkpoint **out);

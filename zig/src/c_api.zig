@@ -96,6 +96,18 @@ export fn tf_cuda_available() Status {
     return ok();
 }
 
+export fn tf_cuda_device_count(out: ?*u32) Status {
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    target.* = 0;
+    var diag: core.Diagnostic = .{};
+    var driver = tf.cuda.driver.Driver.open(&diag) catch |err| return failWith(err, &diag);
+    defer driver.close();
+    var count: c_int = 0;
+    driver.check(driver.api.cuDeviceGetCount(&count), "cuDeviceGetCount", &diag) catch |err| return failWith(err, &diag);
+    target.* = @intCast(@max(count, 0));
+    return ok();
+}
+
 export fn tf_checkpoint_open(path: ?[*:0]const u8, out: ?*?*Handle) Status {
     const path_z = path orelse return fail(.invalid_argument, "path is null", .{});
     const target = out orelse return fail(.invalid_argument, "out is null", .{});

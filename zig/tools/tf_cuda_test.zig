@@ -266,4 +266,13 @@ fn ncclSuite(gpa: std.mem.Allocator, gpu: *cuda.Gpu, options: NcclOptions, repor
     const algorithm_gbs = bytes / (@as(f64, elapsed_ms) * 1e-3) / 1e9;
     const factor = 2.0 * @as(f64, @floatFromInt(options.world - 1)) / @as(f64, @floatFromInt(options.world));
     say("nccl all-reduce 256 MiB: {d:.3} ms, algorithm bandwidth {d:.1} GB/s, bus bandwidth {d:.1} GB/s\n", .{ elapsed_ms, algorithm_gbs, algorithm_gbs * factor });
+
+    // The all-reduce a decode step makes twice per layer: one hidden row (4096 f32, 16 KiB).
+    const row_count: usize = 4096;
+    try nccl.allReduceSum(comm, big, row_count, .float32, stream, diag); // warm-up
+    const row_repeats = 200;
+    try timer.begin(gpu, diag);
+    for (0..row_repeats) |_| try nccl.allReduceSum(comm, big, row_count, .float32, stream, diag);
+    const row_us = try timer.end(gpu, diag) * 1e3 / row_repeats;
+    say("nccl all-reduce of one 4096-float row: {d:.1} us (the latency a decode step pays twice per layer)\n", .{row_us});
 }
