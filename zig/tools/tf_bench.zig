@@ -23,11 +23,7 @@ const Diagnostic = tf.core.Diagnostic;
 const K = cuda.glm_kernels;
 const Ptr = cuda.gpu.DevicePtr;
 
-fn say(comptime fmt: []const u8, args: anytype) void {
-    var buffer: [4096]u8 = undefined;
-    const text = std.fmt.bufPrint(&buffer, fmt, args) catch return;
-    _ = std.c.write(1, text.ptr, text.len);
-}
+const say = @import("say.zig").say;
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
@@ -284,14 +280,35 @@ const Layer = struct {
         }
     };
 
+    /// A launch of one projection kind (4096 -> 1408 for gate/up, 1408 -> 4096 for down) with the
+    /// fields every call shares; the engine takes the grouped path when a layer has 4 items on
+    /// average, and so does this.
+    fn launchOf(layer: *const Layer, b: *const Buffers, comptime kind: enum { up_in, down }, table: Ptr, x: Ptr, y: Ptr, items: usize) K.Kernels.Exl3Call {
+        const in_features: usize = if (kind == .up_in) hidden else intermediate;
+        const out_features: usize = if (kind == .up_in) intermediate else hidden;
+        return .{
+            .x = x,
+            .table = table,
+            .acc = b.acc,
+            .counters = b.counters,
+            .grouping = b.grouping,
+            .y = y,
+            .items = items,
+            .in_features = in_features,
+            .out_features = out_features,
+            .k_p = in_features,
+            .n_p = out_features,
+            .bits2 = 2 * layer.bits,
+            .codebook = layer.codebook,
+        };
+    }
+
     /// One call's launches: the MoE block of the engine minus the router (cuda_exl3.zig runMoe).
     /// Rows go in chunks of at most 2048 (a launch's items are its grid's z extent).
     fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize) !void {
         const f = @sizeOf(f32);
         const items = m * top_k;
         const entry = @sizeOf(K.Exl3Layer);
-        // As the engine: the kernels take the grouped path when a layer has 4 items on average.
-        const grouping: ?K.Grouping = b.grouping;
         var row: usize = 0;
         while (row < m) {
             const rows: usize = @min(2048, m - row);
@@ -299,101 +316,37 @@ const Layer = struct {
             const first = row * top_k;
             if (rows == m) {
                 // Every item in one launch, as the engine runs them.
-                try k.exl3Linear(.{
-                    .x = b.x,
-                    .source_rows = b.pair_rows + variant * 2 * items * 4,
-                    .layer_of_item = b.pair_layers + variant * 2 * items * 4,
-                    .table = layer.gate_up,
-                    .acc = b.acc,
-                    .counters = b.counters,
-                    .y = b.gate,
-                    .items = 2 * items,
-                    .in_features = hidden,
-                    .layers = 2 * experts,
-                    .grouping = grouping,
-                    .out_features = intermediate,
-                    .k_p = hidden,
-                    .n_p = intermediate,
-                    .bits2 = 2 * layer.bits,
-                    .codebook = layer.codebook,
-                });
+                var gate_up = layer.launchOf(b, .up_in, layer.gate_up, b.x, b.gate, 2 * items);
+                gate_up.source_rows = b.pair_rows + variant * 2 * items * 4;
+                gate_up.layer_of_item = b.pair_layers + variant * 2 * items * 4;
+                gate_up.layers = 2 * experts;
+                try k.exl3Linear(gate_up);
             } else inline for (.{ 0, 1 }) |half| {
                 // The chunk's slice of the gate half, then of the up half.
-                try k.exl3Linear(.{
-                    .x = b.x,
-                    .source_rows = b.pair_rows + (variant * 2 * items + half * items + first) * 4,
-                    .layer_of_item = b.pair_layers + (variant * 2 * items + half * items + first) * 4,
-                    .table = layer.gate_up,
-                    .acc = b.acc,
-                    .counters = b.counters,
-                    .y = b.gate + (half * items + first) * intermediate * f,
-                    .items = chunk,
-                    .layers = 2 * experts,
-                    .grouping = grouping,
-                    .in_features = hidden,
-                    .out_features = intermediate,
-                    .k_p = hidden,
-                    .n_p = intermediate,
-                    .bits2 = 2 * layer.bits,
-                    .codebook = layer.codebook,
-                });
+                const at = variant * 2 * items + half * items + first;
+                var gate_up = layer.launchOf(b, .up_in, layer.gate_up, b.x, b.gate + (half * items + first) * intermediate * f, chunk);
+                gate_up.source_rows = b.pair_rows + at * 4;
+                gate_up.layer_of_item = b.pair_layers + at * 4;
+                gate_up.layers = 2 * experts;
+                try k.exl3Linear(gate_up);
             }
-            try k.exl3Linear(.{
-                .x = b.gate + first * intermediate * f,
-                .up = b.gate + (items + first) * intermediate * f,
-                .layer_of_item = b.route_experts + (variant * items + first) * 4,
-                .table = layer.down,
-                .acc = b.acc,
-                .counters = b.counters,
-                .y = b.items_out + first * hidden * f,
-                .items = chunk,
-                .in_features = intermediate,
-                .layers = experts,
-                .grouping = grouping,
-                .out_features = hidden,
-                .k_p = intermediate,
-                .n_p = hidden,
-                .bits2 = 2 * layer.bits,
-                .codebook = layer.codebook,
-            });
+            var down = layer.launchOf(b, .down, layer.down, b.gate + first * intermediate * f, b.items_out + first * hidden * f, chunk);
+            down.up = b.gate + (items + first) * intermediate * f;
+            down.layer_of_item = b.route_experts + (variant * items + first) * 4;
+            down.layers = experts;
+            try k.exl3Linear(down);
             row += rows;
         }
         const copy = call % shared_copies;
         var done: usize = 0;
         while (done < m) {
             const rows: usize = @min(2048, m - done);
-            try k.exl3Linear(.{
-                .x = b.x + done * hidden * f,
-                .group_items = rows,
-                .table = layer.shared_pair + copy * 2 * entry,
-                .acc = b.acc,
-                .counters = b.counters,
-                .y = b.shared_gate,
-                .items = 2 * rows,
-                .in_features = hidden,
-                .out_features = intermediate,
-                .grouping = grouping,
-                .k_p = hidden,
-                .n_p = intermediate,
-                .bits2 = 2 * layer.bits,
-                .codebook = layer.codebook,
-            });
-            try k.exl3Linear(.{
-                .x = b.shared_gate,
-                .up = b.shared_gate + rows * intermediate * f,
-                .table = layer.shared_down + copy * entry,
-                .acc = b.acc,
-                .counters = b.counters,
-                .y = b.shared_out + done * hidden * f,
-                .items = rows,
-                .in_features = intermediate,
-                .grouping = grouping,
-                .out_features = hidden,
-                .k_p = intermediate,
-                .n_p = hidden,
-                .bits2 = 2 * layer.bits,
-                .codebook = layer.codebook,
-            });
+            var gate_up = layer.launchOf(b, .up_in, layer.shared_pair + copy * 2 * entry, b.x + done * hidden * f, b.shared_gate, 2 * rows);
+            gate_up.group_items = rows;
+            try k.exl3Linear(gate_up);
+            var down = layer.launchOf(b, .down, layer.shared_down + copy * entry, b.shared_gate, b.shared_out + done * hidden * f, rows);
+            down.up = b.shared_gate + rows * intermediate * f;
+            try k.exl3Linear(down);
             done += rows;
         }
         try k.moeCombine(b.items_out, b.route_weights + variant * items * f, b.shared_out, b.ffn_out, m, top_k, hidden);

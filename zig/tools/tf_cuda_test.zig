@@ -20,11 +20,7 @@ const Report = struct {
     }
 };
 
-fn say(comptime fmt: []const u8, args: anytype) void {
-    var buffer: [4096]u8 = undefined;
-    const text = std.fmt.bufPrint(&buffer, fmt, args) catch return;
-    _ = std.c.write(1, text.ptr, text.len);
-}
+const say = @import("say.zig").say;
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;

@@ -652,25 +652,34 @@ pub const GpuModel = struct {
         try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);
     }
 
+    /// The fields every EXL3 launch of this model shares, for a weight of `shape` (anything with
+    /// k_p, n_p, bits2 and codebook) in `table`; callers add what differs (rows, tables, SwiGLU).
+    fn exl3Call(model: *const GpuModel, shape: anytype, table: Ptr, in_features: usize, out_features: usize, x: Ptr, y: Ptr, items: usize) K.Kernels.Exl3Call {
+        return .{
+            .x = x,
+            .table = table,
+            .acc = model.acc,
+            .counters = model.counters,
+            .grouping = model.grouping,
+            .y = y,
+            .items = items,
+            .in_features = in_features,
+            .out_features = out_features,
+            .k_p = shape.k_p,
+            .n_p = shape.n_p,
+            .bits2 = shape.bits2,
+            .codebook = shape.codebook,
+        };
+    }
+
     /// rows_wanted: 0, or a device array naming which rows of x to run (the logits rows).
     fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Ptr, y: Ptr, rows: usize, rows_wanted: Ptr) Error!void {
         switch (linear.kind) {
-            .exl3 => |e| try k.exl3Linear(.{
-                .x = x,
-                .source_rows = rows_wanted,
-                .table = e.table,
-                .acc = model.acc,
-                .counters = model.counters,
-                .grouping = model.grouping,
-                .y = y,
-                .items = rows,
-                .in_features = linear.in_features,
-                .out_features = linear.out_features,
-                .k_p = e.k_p,
-                .n_p = e.n_p,
-                .bits2 = e.bits2,
-                .codebook = e.codebook,
-            }),
+            .exl3 => |e| {
+                var call = model.exl3Call(e, e.table, linear.in_features, linear.out_features, x, y, rows);
+                call.source_rows = rows_wanted;
+                try k.exl3Linear(call);
+            },
             .dense => |d| {
                 std.debug.assert(rows_wanted == 0);
                 try k.denseLinear(x, d.weight, d.bias, y, rows, linear.in_features, linear.out_features);
@@ -684,23 +693,9 @@ pub const GpuModel = struct {
         const width = mlp.gate.out_features;
         const up = model.gate + rows * width * @sizeOf(f32);
         if (mlp.pair != 0) {
-            const e = mlp.gate.kind.exl3;
-            try k.exl3Linear(.{
-                .x = x,
-                .group_items = rows,
-                .table = mlp.pair,
-                .acc = model.acc,
-                .counters = model.counters,
-                .grouping = model.grouping,
-                .y = model.gate,
-                .items = 2 * rows,
-                .in_features = mlp.gate.in_features,
-                .out_features = width,
-                .k_p = e.k_p,
-                .n_p = e.n_p,
-                .bits2 = e.bits2,
-                .codebook = e.codebook,
-            });
+            var call = model.exl3Call(mlp.gate.kind.exl3, mlp.pair, mlp.gate.in_features, width, x, model.gate, 2 * rows);
+            call.group_items = rows;
+            try k.exl3Linear(call);
         } else {
             try model.runLinear(k, &mlp.gate, x, model.gate, rows, 0);
             try model.runLinear(k, &mlp.up, x, up, rows, 0);
@@ -711,22 +706,11 @@ pub const GpuModel = struct {
     /// y = down(silu(gate) · up).
     fn runDown(model: *GpuModel, k: K.Kernels, down: *const GpuLinear, gate: Ptr, up: Ptr, y: Ptr, rows: usize) Error!void {
         switch (down.kind) {
-            .exl3 => |e| try k.exl3Linear(.{
-                .x = gate,
-                .up = up,
-                .table = e.table,
-                .acc = model.acc,
-                .counters = model.counters,
-                .grouping = model.grouping,
-                .y = y,
-                .items = rows,
-                .in_features = down.in_features,
-                .out_features = down.out_features,
-                .k_p = e.k_p,
-                .n_p = e.n_p,
-                .bits2 = e.bits2,
-                .codebook = e.codebook,
-            }),
+            .exl3 => |e| {
+                var call = model.exl3Call(e, e.table, down.in_features, down.out_features, gate, y, rows);
+                call.up = up;
+                try k.exl3Linear(call);
+            },
             .dense => {
                 try k.swiglu(gate, up, rows * down.in_features);
                 try model.runLinear(k, down, gate, y, rows, 0);
@@ -759,43 +743,17 @@ pub const GpuModel = struct {
         // problems; each reads its row and its expert's trellis in place through the table.
         const g = moe.gate;
         const width = g.out_features;
-        try k.exl3Linear(.{
-            .x = model.normed,
-            .source_rows = model.pair_rows,
-            .layer_of_item = model.pair_layers,
-            .table = g.table,
-            .acc = model.acc,
-            .counters = model.counters,
-            .grouping = model.grouping,
-            .y = model.gate,
-            .items = 2 * items,
-            .layers = 2 * c.routed_experts,
-            .in_features = g.in_features,
-            .out_features = width,
-            .k_p = g.k_p,
-            .n_p = g.n_p,
-            .bits2 = g.bits2,
-            .codebook = g.codebook,
-        });
+        var gate_up = model.exl3Call(g, g.table, g.in_features, width, model.normed, model.gate, 2 * items);
+        gate_up.source_rows = model.pair_rows;
+        gate_up.layer_of_item = model.pair_layers;
+        gate_up.layers = 2 * c.routed_experts;
+        try k.exl3Linear(gate_up);
         const d = moe.down;
-        try k.exl3Linear(.{
-            .x = model.gate,
-            .up = model.gate + items * width * @sizeOf(f32),
-            .layer_of_item = model.route_experts,
-            .table = d.table,
-            .acc = model.acc,
-            .counters = model.counters,
-            .grouping = model.grouping,
-            .y = model.items_out,
-            .items = items,
-            .layers = c.routed_experts,
-            .in_features = d.in_features,
-            .out_features = d.out_features,
-            .k_p = d.k_p,
-            .n_p = d.n_p,
-            .bits2 = d.bits2,
-            .codebook = d.codebook,
-        });
+        var down = model.exl3Call(d, d.table, d.in_features, d.out_features, model.gate, model.items_out, items);
+        down.up = model.gate + items * width * @sizeOf(f32);
+        down.layer_of_item = model.route_experts;
+        down.layers = c.routed_experts;
+        try k.exl3Linear(down);
         var shared: Ptr = 0;
         if (moe.shared) |*mlp| {
             try model.runMlp(k, mlp, model.normed, model.shared_out, rows);
