@@ -1,22 +1,22 @@
-// The trellis GEMV body of tf_exl3_gemv (glm_forward.cu): one warp walks one 16-column tile column
-// over a range of tile rows and accumulates lane t's two output columns, t/4 and t/4 + 8.
+// The trellis GEMV body of tf_exl3_item_linear and tf_exl3_group_linear (glm_forward.cu): one warp
+// walks one 16-column tile column over a k split's tile rows and accumulates lane t's two output
+// columns, t/4 and t/4 + 8, for each of up to R rows that share the decoded tiles.
 //
 // Lane t decodes trellis positions 8t..8t+7 of each tile, which sit in the mma.m16n8k16 B-fragment
 // places (EXL3.md §4): rows 2(t%4)+{0,1,8,9}, columns t/4 and t/4+8. For an integer rate K the
 // eight states lie in one window of 16 + 7K stream bits starting at (8t+1)K − 16 (mod the ring):
 // the lane takes the ring words of its window from the lanes that loaded them, aligns the window
 // once (funnel shifts by a run-time offset), and then cuts every state at a compile-time bit
-// position. With K and the codebook template parameters, a weight costs a cut, the codebook's
-// three or four instructions, a conversion and an FMA; the earlier kernel spent ~25 instructions
-// recomputing each state's word indices and shifts at run time. Half-integer rates keep that
-// general path (their positions are not evenly spaced).
+// position. With K and the codebook template parameters a weight costs 8.5 SASS instructions at
+// K = 3 with MUL1 and 10.4 with 3INST, the FMA included (cuobjdump, docs/measurements.md).
+// Half-integer rates keep a general path (their positions are not evenly spaced).
 //
-// The tile loop issues the ring loads of kUnroll tiles before decoding any of them, so a warp has
+// The tile loop issues the ring loads of kGemvUnroll tiles before decoding any of them, so a warp has
 // several DRAM reads in flight instead of one dependent read per tile.
 //
 // Summation order, for every path: per lane, tile rows ascending, and within a tile
 // x0·w0 + x1·w1 + x8·w2 + x9·w3 (and w4..w7 for the second column), all fmaf: the same order as the
-// general path, so the outputs do not depend on which path ran, nor on the number of items.
+// general path, so the outputs depend neither on the path nor on how many rows share the tiles.
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
