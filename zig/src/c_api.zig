@@ -311,35 +311,42 @@ export fn tf_exl3_linear(pointer: ?*const Handle, prefix: ?[*:0]const u8, x: ?[*
 
 // ---- Quantization ----
 
+/// The checked arguments of an encoder call, shared by the CPU and GPU entry points.
+const EncodeArgs = struct { values: []const f32, states: []u16 };
+
+fn encodeArgs(values: ?[*]const f32, tiles: usize, bits: u32, codebook: i32, states: ?[*]u16) union(enum) { ok: EncodeArgs, failed: Status } {
+    const source = values orelse return .{ .failed = fail(.invalid_argument, "values is null", .{}) };
+    const target = states orelse return .{ .failed = fail(.invalid_argument, "states is null", .{}) };
+    if (bits < exl3.encode.bits_min or bits > exl3.encode.bits_max) return .{ .failed = fail(.unsupported, "the encoder takes K = 1..8 bits, not {d}", .{bits}) };
+    if (codebook < 0 or codebook > 2) return .{ .failed = fail(.invalid_argument, "codebook {d} is not 0 (3INST), 1 (MCG) or 2 (MUL1)", .{codebook}) };
+    if (tiles == 0 or tiles > (1 << 32)) return .{ .failed = fail(.invalid_argument, "tiles {d} is outside 1..2^32", .{tiles}) };
+    for (source[0 .. tiles * 256]) |v| {
+        if (!std.math.isFinite(v)) return .{ .failed = fail(.invalid_argument, "values must be finite", .{}) };
+    }
+    return .{ .ok = .{ .values = source[0 .. tiles * 256], .states = target[0 .. tiles * 256] } };
+}
+
 /// values: (tiles, 256) float32 in trellis (PERM) order; states: (tiles, 256) out.
 export fn tf_exl3_encode_tiles(values: ?[*]const f32, tiles: usize, bits: u32, codebook: i32, states: ?[*]u16) Status {
-    const source = values orelse return fail(.invalid_argument, "values is null", .{});
-    const target = states orelse return fail(.invalid_argument, "states is null", .{});
-    if (bits < exl3.encode.bits_min or bits > exl3.encode.bits_max) return fail(.unsupported, "the encoder takes K = 1..8 bits, not {d}", .{bits});
-    if (codebook < 0 or codebook > 2) return fail(.invalid_argument, "codebook {d} is not 0 (3INST), 1 (MCG) or 2 (MUL1)", .{codebook});
-    if (tiles == 0 or tiles > (1 << 32)) return fail(.invalid_argument, "tiles {d} is outside 1..2^32", .{tiles});
-    for (source[0 .. tiles * 256]) |v| {
-        if (!std.math.isFinite(v)) return fail(.invalid_argument, "values must be finite", .{});
-    }
-    exl3.encode.encodeTiles(gpa, @intCast(bits), @fromBackingInt(@intCast(codebook)), source[0 .. tiles * 256], target[0 .. tiles * 256]) catch
+    const args = switch (encodeArgs(values, tiles, bits, codebook, states)) {
+        .ok => |a| a,
+        .failed => |status| return status,
+    };
+    exl3.encode.encodeTiles(gpa, @intCast(bits), @fromBackingInt(@intCast(codebook)), args.values, args.states) catch
         return fail(.out_of_memory, "out of memory for the encoder's workspaces", .{});
     return ok();
 }
 
 /// The same encoder on the GPU (tf_exl3_encode kernel): TF_ERR_CUDA when CUDA is unavailable.
 export fn tf_exl3_encode_tiles_cuda(values: ?[*]const f32, tiles: usize, bits: u32, codebook: i32, states: ?[*]u16) Status {
-    const source = values orelse return fail(.invalid_argument, "values is null", .{});
-    const target = states orelse return fail(.invalid_argument, "states is null", .{});
-    if (bits < exl3.encode.bits_min or bits > exl3.encode.bits_max) return fail(.unsupported, "the encoder takes K = 1..8 bits, not {d}", .{bits});
-    if (codebook < 0 or codebook > 2) return fail(.invalid_argument, "codebook {d} is not 0 (3INST), 1 (MCG) or 2 (MUL1)", .{codebook});
-    if (tiles == 0 or tiles > (1 << 32)) return fail(.invalid_argument, "tiles {d} is outside 1..2^32", .{tiles});
-    for (source[0 .. tiles * 256]) |v| {
-        if (!std.math.isFinite(v)) return fail(.invalid_argument, "values must be finite", .{});
-    }
+    const args = switch (encodeArgs(values, tiles, bits, codebook, states)) {
+        .ok => |a| a,
+        .failed => |status| return status,
+    };
     var diag: core.Diagnostic = .{};
     var gpu = tf.cuda.Gpu.open(0, &diag) catch |err| return failWith(err, &diag);
     defer gpu.close();
-    tf.cuda.exl3_encode.encodeTiles(&gpu, source[0 .. tiles * 256], @intCast(bits), @intCast(codebook), target[0 .. tiles * 256], &diag) catch |err| return failWith(err, &diag);
+    tf.cuda.exl3_encode.encodeTiles(&gpu, args.values, @intCast(bits), @intCast(codebook), args.states, &diag) catch |err| return failWith(err, &diag);
     return ok();
 }
 
