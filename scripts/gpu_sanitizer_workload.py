@@ -1,5 +1,6 @@
-"""A small GPU workload touching every kernel of glm_forward.cu (batched prefill, then
-continuous-batching decode replayed from CUDA graphs), for compute-sanitizer on the device:
+"""A small GPU workload touching every kernel of glm_forward.cu and exl3_experts.cu (batched
+prefill on the prompt kernels, then continuous-batching decode on the GEMV replayed from CUDA
+graphs), for compute-sanitizer on the device:
 
     compute-sanitizer --tool memcheck python3 scripts/gpu_sanitizer_workload.py"""
 import sys; sys.path.insert(0, "tests")

@@ -84,10 +84,12 @@ def test_recorded_graphs_replay_the_same_bits(monkeypatch):
     assert direct.stats()["graph_replays"] == 0
 
 
-def test_grouped_and_item_paths_give_the_same_bits():
+def test_grouped_and_item_paths_give_the_same_bits(monkeypatch):
     """With 4 items per layer or more, a linear sorts its items by layer and lets one decoded tile
     serve up to 16 of them; otherwise it runs item by item. A 40-token prompt in chunks of 3 rows
-    (item path everywhere) and in one chunk (grouped path) must give the same bits everywhere."""
+    (item path everywhere) and in one chunk (grouped path) must give the same bits everywhere.
+    The prompt kernels are off (TF_CUDA_PROMPT=0) so that the experts take the GEMV too."""
+    monkeypatch.setenv("TF_CUDA_PROMPT", "0")
     tokens = [int(t) for t in np.random.default_rng(9).integers(0, 2048, 40)]
     for variant in ("3.0", "4.0"):
         items = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=3)
@@ -96,11 +98,48 @@ def test_grouped_and_item_paths_give_the_same_bits():
 
 
 def test_rows_next_to_a_chunk_boundary_equal_the_rows_computed_alone():
-    """Rows 1023, 1024 and 1025 of a 1030-row prompt prefilled in chunks of 1024 rows (the grouped
-    path, a chunk boundary between them) equal the same rows computed one row per forward (the
-    item path), bit for bit: tile settings depend on the shape alone."""
+    """Rows 1023, 1024 and 1025 of a 1030-row prompt prefilled in chunks of 1024 rows (a chunk
+    boundary between them: the experts on the prompt kernels in groups of up to 64 rows, the other
+    linears on the grouped GEMV) equal the same rows computed one row per forward (groups of one
+    row, the item GEMV), bit for bit: tile settings depend on the shape alone."""
     tokens = [int(t) for t in np.random.default_rng(10).integers(0, 2048, 1030)]
     batched = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1024, ctx=1040).logits(tokens)
     alone = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1, ctx=1040).logits(tokens[:1026])
     for position in (1023, 1024, 1025):
         assert np.array_equal(batched[position].view(np.uint32), alone[position].view(np.uint32)), position
+
+
+def test_prompt_rows_take_the_prompt_kernels_and_generated_rows_the_gemv(monkeypatch):
+    """Both MoE layers of the fixtures (layer 0 is dense) are on the prompt path; a prompt's rows
+    go through it and the rows generated after it do not. TF_CUDA_PROMPT=0 turns it off."""
+    for variant in ("3.0", "4.0"):
+        engine = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2)
+        assert engine.stats()["prompt_layers"] == 2
+        tokens = prompts()["chat"]
+        engine.generate(tokens, 6, stop_token_ids=[])
+        assert engine.stats()["prompt_rows"] == len(tokens)
+    monkeypatch.setenv("TF_CUDA_PROMPT", "0")
+    off = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    off.logits(prompts()["short"])
+    assert off.stats()["prompt_layers"] == 0 and off.stats()["prompt_rows"] == 0
+
+
+@pytest.mark.parametrize("variant", ["3.0", "4.0"])
+def test_prompt_kernels_match_the_cpu_at_1_40_200_and_1030_rows(variant, monkeypatch):
+    """Prompts of 1, 40, 200 and 1030 rows in one chunk: the experts on the tensor-core prompt
+    kernels (fp16 high/low inputs, fp32 accumulation) against the CPU forward (itself within 1e-4
+    of the float64 reference), and against the same GPU forward on the GEMV."""
+    directory = checkpoint_dir(variant)
+    fused = trellisforge.Engine(directory, backend="cuda", max_seqs=1, rows_max=1030, ctx=1040)
+    cpu = trellisforge.Engine(directory, backend="cpu", max_seqs=1, rows_max=1030, ctx=1040)
+    monkeypatch.setenv("TF_CUDA_PROMPT", "0")
+    gemv = trellisforge.Engine(directory, backend="cuda", max_seqs=1, rows_max=1030, ctx=1040)
+    rng = np.random.default_rng(12)
+    for rows in (1, 40, 200, 1030):
+        tokens = [int(t) for t in rng.integers(0, 2048, rows)]
+        on_fused = fused.logits(tokens)
+        on_cpu = cpu.logits(tokens)
+        on_gemv = gemv.logits(tokens)
+        within(max(relative_l2(on_fused[t], on_cpu[t]) for t in range(rows)), TOL_GPU_VS_CPU, f"{variant} {rows} rows: prompt kernels vs CPU")
+        within(max(relative_l2(on_fused[t], on_gemv[t]) for t in range(rows)), TOL_GPU_VS_CPU, f"{variant} {rows} rows: prompt kernels vs GEMV")
+    assert fused.stats()["prompt_rows"] == 1 + 40 + 200 + 1030

@@ -161,7 +161,8 @@ class Engine:
             check(lib.tf_engine_stats_get(self._live(), out))
         return {name: getattr(out, name) for name in (
             "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
-            "sequences_max", "context_tokens_max", "vocab_size", "graph_replays")}
+            "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
+            "prompt_rows", "prompt_layers")}
 
     # ---- high level ----
 

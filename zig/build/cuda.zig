@@ -16,6 +16,7 @@ pub const kernels = [_]Kernel{
     // __hfma of the MUL1 codebook may fuse (EXL3.md §6.2).
     .{ .name = "exl3_decode", .flags = &.{"--fmad=false"} },
     .{ .name = "glm_forward" },
+    .{ .name = "exl3_experts" },
     .{ .name = "exl3_encode" },
     .{ .name = "bench" },
 };
@@ -88,7 +89,7 @@ fn fatbin(
     // PTX of the newest arch lets a later GPU JIT the kernels instead of failing to load them.
     run.addArg(b.fmt("-gencode=arch=compute_{s},code=compute_{s}", .{ newest, newest }));
     run.addPrefixedDirectoryArg("-I", b.path("zig/kernels/cuda"));
-    for ([_][]const u8{ "exl3_codebook.cuh", "exl3_trellis.cuh", "exl3_gemv.cuh" }) |header| {
+    for ([_][]const u8{ "exl3_codebook.cuh", "exl3_trellis.cuh", "exl3_gemv.cuh", "exl3_tile_decode.cuh", "exl3_hadamard.cuh", "exl3_prompt.cuh" }) |header| {
         run.addFileInput(b.path(b.fmt("zig/kernels/cuda/{s}", .{header})));
     }
     run.addArg("-o");

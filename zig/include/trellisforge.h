@@ -146,6 +146,8 @@ typedef struct {
     uint32_t context_tokens_max;
     uint32_t vocab_size;
     uint64_t graph_replays;      /* GPU forwards run by replaying a recorded CUDA graph */
+    uint64_t prompt_rows;        /* prompt rows the GPU ran through its tensor-core prompt kernels */
+    uint64_t prompt_layers;      /* MoE layers whose experts those kernels take (the rest: GEMV) */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

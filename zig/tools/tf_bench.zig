@@ -11,9 +11,10 @@
 //!    - decode at M = 1, 4, 16 rows: 32 calls recorded in one CUDA graph, each call with new expert
 //!      picks and its own copy of the shared expert, so that the weights come from DRAM, not L2;
 //!      the median of 5 replays, per call;
-//!    - prefill at M = 512, 2048, 4096 rows (the grouped path: items sorted by expert, each decoded
-//!      tile serving up to 16 of them; the fused mma prefill kernels are not written yet), the
-//!      median of 3.
+//!    - prefill at M = 512, 2048, 4096 rows on both paths, the median of 3: "grouped" (the GEMV,
+//!      items sorted by expert, each decoded tile serving up to 16 of them) and "fused" (the routed
+//!      experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded tile serving
+//!      up to 64 rows; the shared expert and the combine as in the grouped run).
 //!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
 //! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
 const std = @import("std");
@@ -21,6 +22,7 @@ const tf = @import("trellisforge");
 const cuda = tf.cuda;
 const Diagnostic = tf.core.Diagnostic;
 const K = cuda.glm_kernels;
+const P = cuda.exl3_prompt;
 const Ptr = cuda.gpu.DevicePtr;
 
 const say = @import("say.zig").say;
@@ -55,8 +57,10 @@ fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, diag: *Diagnostic) !
 
     var module = try K.load(gpu, diag);
     defer module.unload(gpu);
+    var prompt_module = try P.load(gpu, diag);
+    defer prompt_module.unload(gpu);
     say("\nexperts of one GLM-4.5-Air MoE layer (128 x [4096 -> 1408 -> 4096], top-8 + 1 shared)\n", .{});
-    say("{s:<6} {s:<6} {s:>6} {s:>10} {s:>9} {s:>9} {s:>8}\n", .{ "bits", "cb", "M", "us/layer", "MB read", "GB/s", "% copy" });
+    say("{s:<6} {s:<6} {s:<8} {s:>6} {s:>10} {s:>9} {s:>9} {s:>8}\n", .{ "bits", "cb", "path", "M", "us/layer", "MB read", "GB/s", "% copy" });
     const configs = [_]struct { bits: u8, codebook: tf.exl3.Codebook }{
         .{ .bits = 3, .codebook = .mul1 }, .{ .bits = 3, .codebook = .@"3inst" },
         .{ .bits = 4, .codebook = .mul1 }, .{ .bits = 4, .codebook = .@"3inst" },
@@ -68,7 +72,7 @@ fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, diag: *Diagnostic) !
         for ([_]usize{ 1, 4, 16 }) |m| try layer.decode(gpa, gpu, &module, m, copy_gbs, diag);
         for ([_]usize{ 512, 2048, 4096 }) |m| {
             if (quick and m > 512) break;
-            try layer.prefill(gpa, gpu, &module, m, copy_gbs, diag);
+            try layer.prefill(gpa, gpu, &module, &prompt_module, m, copy_gbs, diag);
         }
     }
 }
@@ -189,7 +193,8 @@ const Layer = struct {
         route_experts: Ptr,
         route_weights: Ptr,
         grouping: K.Grouping,
-        all: [18]Ptr,
+        prompt: ?P.Scratch,
+        all: [26]Ptr,
         count: usize,
 
         fn init(gpa: std.mem.Allocator, gpu: *cuda.Gpu, m: usize, variants: usize, random: std.Random, diag: *Diagnostic) !struct { Buffers, f64 } {
@@ -224,6 +229,23 @@ const Layer = struct {
             b.pair_rows = try b.take(gpu, variants * 2 * items * 4, diag);
             b.route_experts = try b.take(gpu, variants * items * 4, diag);
             b.route_weights = try b.take(gpu, variants * items * f, diag);
+            b.prompt = null;
+            if (m >= 512) {
+                const need = P.Scratch.bytes(items, experts, hidden, intermediate);
+                b.prompt = .{
+                    .grouping = .{
+                        .ranks = try b.take(gpu, need.ints, diag),
+                        .sorted = try b.take(gpu, need.ints, diag),
+                        .first = try b.take(gpu, need.groups, diag),
+                        .count = try b.take(gpu, need.groups, diag),
+                        .layer = try b.take(gpu, need.groups, diag),
+                        .total = try b.take(gpu, 4, diag),
+                    },
+                    .rotated = try b.take(gpu, need.rotated, diag),
+                    .down_in = try b.take(gpu, need.down_in, diag),
+                    .slots = items,
+                };
+            }
 
             const x = try gpa.alloc(f32, m * hidden);
             defer gpa.free(x);
@@ -305,11 +327,31 @@ const Layer = struct {
 
     /// One call's launches: the MoE block of the engine minus the router (cuda_exl3.zig runMoe).
     /// Rows go in chunks of at most 2048 (a launch's items are its grid's z extent).
-    fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize) !void {
+    fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize, fused: ?*const P.Module) !void {
         const f = @sizeOf(f32);
         const items = m * top_k;
         const entry = @sizeOf(K.Exl3Layer);
         var row: usize = 0;
+        if (fused) |module| {
+            const launcher: P.Launcher = .{ .glm = k, .module = module };
+            const shape: P.Shape = .{ .k_p = hidden, .n_p = intermediate, .bits2 = 2 * layer.bits, .codebook = layer.codebook };
+            try launcher.runMlp(b.prompt.?, .{
+                .x = b.x,
+                .items = items,
+                .items_per_row = top_k,
+                .layer_of_item = b.route_experts + variant * items * 4,
+                .layers = experts,
+                .gate_up = layer.gate_up,
+                .up_offset = experts,
+                .down = layer.down,
+                .hidden = hidden,
+                .width = intermediate,
+                .gate = shape,
+                .down_shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook },
+                .y = b.items_out,
+            });
+            row = m;
+        }
         while (row < m) {
             const rows: usize = @min(2048, m - row);
             const chunk = rows * top_k;
@@ -352,11 +394,11 @@ const Layer = struct {
         try k.moeCombine(b.items_out, b.route_weights + variant * items * f, b.shared_out, b.ffn_out, m, top_k, hidden);
     }
 
-    fn report(layer: *const Layer, m: usize, us: f64, distinct: f64, copy_gbs: f64) void {
+    fn report(layer: *const Layer, path: []const u8, m: usize, us: f64, distinct: f64, copy_gbs: f64) void {
         const mb = (distinct + 1) * 3 * @as(f64, @floatFromInt(layer.projection_bytes)) / 1e6;
         const gbs = mb * 1e6 / (us * 1e-6) / 1e9;
         const cb: tf.exl3.Codebook = @fromBackingInt(@intCast(layer.codebook));
-        say("{d:<6} {t:<6} {d:>6} {d:>10.1} {d:>9.1} {d:>9.0} {d:>7.1}%\n", .{ layer.bits, cb, m, us, mb, gbs, 100 * gbs / copy_gbs });
+        say("{d:<6} {t:<6} {s:<8} {d:>6} {d:>10.1} {d:>9.1} {d:>9.0} {d:>7.1}%\n", .{ layer.bits, cb, path, m, us, mb, gbs, 100 * gbs / copy_gbs });
     }
 
     fn decode(layer: *const Layer, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, m: usize, copy_gbs: f64, diag: *Diagnostic) !void {
@@ -365,7 +407,7 @@ const Layer = struct {
         defer made[0].deinit(gpu);
         const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
         try cuda.gpu.Graph.beginCapture(gpu, diag);
-        for (0..calls) |call| layer.enqueueCall(k, &made[0], m, call, call) catch |err| {
+        for (0..calls) |call| layer.enqueueCall(k, &made[0], m, call, call, null) catch |err| {
             _ = cuda.gpu.Graph.endCapture(gpu, false, diag) catch {};
             return err;
         };
@@ -381,24 +423,26 @@ const Layer = struct {
             t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / calls;
         }
         std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-        layer.report(m, times[2], made[1], copy_gbs);
+        layer.report("grouped", m, times[2], made[1], copy_gbs);
     }
 
-    fn prefill(layer: *const Layer, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, m: usize, copy_gbs: f64, diag: *Diagnostic) !void {
+    fn prefill(layer: *const Layer, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prompt_module: *const P.Module, m: usize, copy_gbs: f64, diag: *Diagnostic) !void {
         var prng = std.Random.DefaultPrng.init(m);
         var made = try Buffers.init(gpa, gpu, m, 1, prng.random(), diag);
         defer made[0].deinit(gpu);
         const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
-        try layer.enqueueCall(k, &made[0], m, 0, 0); // warm-up
         var timer = try cuda.gpu.Timer.create(gpu, diag);
         defer timer.destroy(gpu);
-        var times: [3]f64 = undefined;
-        for (&times, 0..) |*t, i| {
-            try timer.begin(gpu, diag);
-            try layer.enqueueCall(k, &made[0], m, 0, i + 1);
-            t.* = @as(f64, try timer.end(gpu, diag)) * 1e3;
+        for ([_]?*const P.Module{ null, prompt_module }) |fused| {
+            try layer.enqueueCall(k, &made[0], m, 0, 0, fused); // warm-up
+            var times: [3]f64 = undefined;
+            for (&times, 0..) |*t, i| {
+                try timer.begin(gpu, diag);
+                try layer.enqueueCall(k, &made[0], m, 0, i + 1, fused);
+                t.* = @as(f64, try timer.end(gpu, diag)) * 1e3;
+            }
+            std.mem.sort(f64, &times, {}, std.sort.asc(f64));
+            layer.report(if (fused == null) "grouped" else "fused", m, times[1], made[1], copy_gbs);
         }
-        std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-        layer.report(m, times[1], made[1], copy_gbs);
     }
 };

@@ -1,15 +1,10 @@
 // The trellis GEMV body of tf_exl3_item_linear and tf_exl3_group_linear (glm_forward.cu): one warp
 // walks one 16-column tile column over a k split's tile rows and accumulates lane t's two output
-// columns, t/4 and t/4 + 8, for each of up to R rows that share the decoded tiles.
-//
-// Lane t decodes trellis positions 8t..8t+7 of each tile, which sit in the mma.m16n8k16 B-fragment
-// places (EXL3.md §4): rows 2(t%4)+{0,1,8,9}, columns t/4 and t/4+8. For an integer rate K the
-// eight states lie in one window of 16 + 7K stream bits starting at (8t+1)K − 16 (mod the ring):
-// the lane takes the ring words of its window from the lanes that loaded them, aligns the window
-// once (funnel shifts by a run-time offset), and then cuts every state at a compile-time bit
-// position. With K and the codebook template parameters a weight costs 8.5 SASS instructions at
-// K = 3 with MUL1 and 10.4 with 3INST, the FMA included (cuobjdump, docs/measurements.md).
-// Half-integer rates keep a general path (their positions are not evenly spaced).
+// columns, t/4 and t/4 + 8, for each of up to R rows that share the decoded tiles. A lane's weights
+// come from exl3_tile_decode.cuh. With K and the codebook template parameters a weight costs 8.5
+// SASS instructions at K = 3 with MUL1 and 10.4 with 3INST, the FMA included (cuobjdump,
+// docs/measurements.md). Half-integer rates keep a general path (their positions are not evenly
+// spaced).
 //
 // The tile loop issues the ring loads of kGemvUnroll tiles before decoding any of them, so a warp has
 // several DRAM reads in flight instead of one dependent read per tile.
@@ -22,6 +17,7 @@
 #include <stdint.h>
 
 #include "exl3_codebook.cuh"
+#include "exl3_tile_decode.cuh"
 #include "exl3_trellis.cuh"
 
 namespace tf {
@@ -32,13 +28,6 @@ struct GemvLane {
     int lane;
     int quad;  // lane % 4: the row group 2·quad + {0, 1, 8, 9}
 };
-
-// Ring word `index` (< ring_words) of the tile whose words lanes hold in (word_a, word_b).
-__device__ __forceinline__ uint32_t ring_word(uint32_t word_a, uint32_t word_b, int index) {
-    const uint32_t from_a = __shfl_sync(0xFFFFFFFFu, word_a, index % 32);
-    const uint32_t from_b = __shfl_sync(0xFFFFFFFFu, word_b, index % 32);
-    return index < 32 ? from_a : from_b;
-}
 
 // Up to R rows share each decoded tile: rows < R of them (x rows `x_stride` floats apart) are live.
 // Every row's sum is formed exactly as a single row's would be.
@@ -70,38 +59,15 @@ template <int K, int CB, int R>
 __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
                                                  int x_stride, int rows, int first, int last, GemvLane g, float (&acc0)[R],
                                                  float (&acc1)[R]) {
-    constexpr int kRingWords = 8 * K;  // 256·K bits
+    constexpr int kRingWords = 8 * K;
     constexpr int kTwoLoads = kRingWords > 32;
-    constexpr int kWindowBits = 16 + 7 * K;
-    constexpr int kAligned = (kWindowBits + 31) / 32;  // aligned words the cuts read
-    constexpr int kWords = (31 + kWindowBits + 31) / 32;  // ring words a window can touch
-    const uint32_t begin = static_cast<uint32_t>((8 * g.lane + 1) * K - 16 + 32 * kRingWords);
-    const int first_word = static_cast<int>((begin >> 5) % kRingWords);
-    const uint32_t offset = begin & 31u;
-
+    const LaneWindow<K> window(g.lane);
     const auto decode_tile = [&](uint32_t word_a, uint32_t word_b, int tile_row) {
-        uint32_t words[kWords + 1];
-#pragma unroll
-        for (int j = 0; j < kWords; ++j) {
-            int index = first_word + j;
-            if (index >= kRingWords) index -= kRingWords;
-            words[j] = kTwoLoads ? ring_word(word_a, word_b, index) : __shfl_sync(0xFFFFFFFFu, word_a, index);
-        }
-        words[kWords] = 0u;
-        uint32_t aligned[kAligned + 1];
-#pragma unroll
-        for (int j = 0; j < kAligned; ++j) aligned[j] = __funnelshift_l(words[j + 1], words[j], offset);
-        aligned[kAligned] = 0u;
+        half h[8];
+        decode_lane<K, CB>(word_a, word_b, window, h);
         float w[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int start = e * K;  // compile-time after unrolling
-            const int word = start / 32;
-            const int bit = start % 32;
-            const uint32_t state = bit <= 16 ? (aligned[word] >> (16 - bit)) & 0xFFFFu
-                                             : __funnelshift_l(aligned[word + 1], aligned[word], bit) >> 16;
-            w[e] = __half2float(decode_state(state, CB));
-        }
+        for (int e = 0; e < 8; ++e) w[e] = __half2float(h[e]);
         gemv_accumulate<R>(x + (tile_row - first) * 16 + 2 * g.quad, x_stride, rows, w, acc0, acc1);
     };
 

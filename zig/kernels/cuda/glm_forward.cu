@@ -9,12 +9,14 @@
 
 #include "exl3_codebook.cuh"
 #include "exl3_gemv.cuh"
+#include "exl3_hadamard.cuh"
 #include "exl3_trellis.cuh"
 
 namespace {
 
 constexpr int kWarp = 32;
 constexpr int kHadamard = 128;
+using tf::hadamard128;
 
 __device__ __forceinline__ float warp_sum(float v) {
     // A fixed butterfly: the same order every call.
@@ -28,21 +30,6 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 __device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
-
-// 128-point Hadamard of one 128-chunk held as 4 values per lane (lane t holds 4t..4t+3), scaled by
-// 1/sqrt(128): a 4-point butterfly in registers, then 5 shuffle stages (EXL3.md §8.1).
-__device__ __forceinline__ void hadamard128(float (&v)[4]) {
-    float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-    v[0] = a + c; v[1] = b + d; v[2] = a - c; v[3] = b - d;
-    const int lane = threadIdx.x % kWarp;
-    for (int stride = 1; stride < kWarp; stride *= 2) {
-        for (int i = 0; i < 4; ++i) {
-            const float other = __shfl_xor_sync(0xFFFFFFFFu, v[i], stride);
-            v[i] = (lane & stride) ? other - v[i] : v[i] + other;
-        }
-    }
-    for (int i = 0; i < 4; ++i) v[i] *= 0.08838834764831845f;
-}
 
 }  // namespace
 
@@ -294,7 +281,9 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_item_linear(
     if (threadIdx.x == 0) item_sh[0] = item;
     __syncthreads();
     const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook};
-    const Exl3Layer layer = layers[layer_of_item ? layer_of_item[item] : item / group_items];
+    const int entry = layer_of_item ? layer_of_item[item] : item / group_items;
+    if (entry < 0) return;  // the item is on the prompt path
+    const Exl3Layer layer = layers[entry];
     linear_block<1>(a, layer, item_sh, 1, counters + static_cast<size_t>(item) * gridDim.x + blockIdx.x, xs);
 }
 
@@ -319,10 +308,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
 }
 
 // Items sorted by layer (ties by item index: a stable counting sort), cut into groups of at most
-// 16 items of one layer, in layer order. One warp: ranks within each 32-item chunk come from
+// `group_size` items of one layer (16 for the GEMV's groups, 64 for the prompt kernels), in layer
+// order. Items of layer -1 belong to the other path and are left out. One warp: ranks within each 32-item chunk come from
 // __match_any_sync, so the order does not depend on timing. `layers` <= 1024; ranks: items ints.
 extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* __restrict__ layer_of_item, int items, int group_items,
-                                                                     int layers, int* __restrict__ ranks, int* __restrict__ sorted_items,
+                                                                     int layers, int group_size, int* __restrict__ ranks, int* __restrict__ sorted_items,
                                                                      int* __restrict__ group_first, int* __restrict__ group_count,
                                                                      int* __restrict__ group_layer, int* __restrict__ group_total) {
     __shared__ int counts[1024];
@@ -333,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* 
     const unsigned int below = (1u << lane) - 1u;
     for (int base = 0; base < items; base += kWarp) {
         const int i = base + lane;
-        const bool valid = i < items;
-        const int layer = valid ? (layer_of_item ? layer_of_item[i] : i / group_items) : -1;
+        const int layer = i < items ? (layer_of_item ? layer_of_item[i] : i / group_items) : -1;
+        const bool valid = layer >= 0;  // layer -1: the item is on the other path
         const unsigned int same = __match_any_sync(0xFFFFFFFFu, layer);
         const int before = valid ? counts[layer] : 0;
         __syncwarp();
@@ -348,9 +338,9 @@ extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* 
         int at = 0, groups = 0;
         for (int l = 0; l < layers; ++l) {
             starts[l] = at;
-            for (int offset = 0; offset < counts[l]; offset += kGroupRows) {
+            for (int offset = 0; offset < counts[l]; offset += group_size) {
                 group_first[groups] = at + offset;
-                group_count[groups] = min(kGroupRows, counts[l] - offset);
+                group_count[groups] = min(group_size, counts[l] - offset);
                 group_layer[groups] = l;
                 ++groups;
             }
@@ -361,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* 
     __syncwarp();
     for (int i = lane; i < items; i += kWarp) {
         const int layer = layer_of_item ? layer_of_item[i] : i / group_items;
-        sorted_items[starts[layer] + ranks[i]] = i;
+        if (layer >= 0) sorted_items[starts[layer] + ranks[i]] = i;
     }
 }
 
@@ -529,8 +519,11 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* _
 //
 // For the gate/up launch of the experts, which runs 2·rows·top_k items, it also writes the items'
 // layers (gate table entries 0..experts-1, then up entries experts..2·experts-1) and source rows.
+// With `prompt_layers`, rows flagged in `row_prompt` take the prompt path: their experts go to
+// prompt_layers and the GEMV's layers (experts_out, pair_layers) say -1, and the other way round.
 extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ experts_out, float* __restrict__ weights_out,
                                                            int* __restrict__ pair_layers, int* __restrict__ pair_rows,
+                                                           const int* __restrict__ row_prompt, int* __restrict__ prompt_layers,
                                                            float* __restrict__ scratch, int rows, int experts, int top_k,
                                                            int groups, int groups_per_token, int normalize, float scaling) {
     const int row = blockIdx.x;
@@ -610,6 +603,18 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ exp
         float w = probability[chosen[slot]];
         if (normalize) w /= total + 1e-20f;
         weights_out[static_cast<size_t>(row) * top_k + slot] = w * scaling;
+    }
+    if (!prompt_layers) return;
+    // A prompt row's items go to the prompt kernels, a generated row's to the GEMV: each path sees
+    // layer -1 for the other's items.
+    const bool prompt = row_prompt[row] != 0;
+    for (int slot = 0; slot < top_k; ++slot) {
+        const size_t i = static_cast<size_t>(row) * top_k + slot;
+        prompt_layers[i] = prompt ? chosen[slot] : -1;
+        if (!prompt) continue;
+        chosen[slot] = -1;
+        pair_layers[i] = -1;
+        pair_layers[items + i] = -1;
     }
 }
 

@@ -158,13 +158,24 @@ pub const Kernels = struct {
         try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p)), @intCast(c.items) }, 256, ptrs);
     }
 
-    fn exl3GroupLinear(k: Kernels, c: Exl3Call, g: Grouping, group_items: usize, layers: usize) Error!void {
-        const items: c_int = @intCast(c.items);
-        const group_items_c: c_int = @intCast(group_items);
-        var sort = .{ c.layer_of_item, items, group_items_c, @as(c_int, @intCast(layers)), g.ranks, g.sorted, g.first, g.count, g.layer, g.total };
+    /// Sorts `items` items by table entry (layer_of_item, or i / group_items when 0; entries of -1
+    /// are left out) into groups of at most `group_size` of one entry: one warp.
+    pub fn groupItems(k: Kernels, layer_of_item: Ptr, items: usize, group_items: usize, layers: usize, group_size: usize, g: Grouping) Error!void {
+        std.debug.assert(layers <= group_layers_max);
+        var sort = .{
+            layer_of_item,                      @as(c_int, @intCast(items)), @as(c_int, @intCast(group_items)), @as(c_int, @intCast(layers)),
+            @as(c_int, @intCast(group_size)),   g.ranks,                     g.sorted,                          g.first,
+            g.count,                            g.layer,                     g.total,
+        };
         var sort_ptrs: [sort.len]*anyopaque = undefined;
         inline for (0..sort.len) |i| sort_ptrs[i] = @ptrCast(&sort[i]);
         try k.run("tf_exl3_group_items", .{ 1, 1, 1 }, 32, sort_ptrs);
+    }
+
+    fn exl3GroupLinear(k: Kernels, c: Exl3Call, g: Grouping, group_items: usize, layers: usize) Error!void {
+        const items: c_int = @intCast(c.items);
+        const group_items_c: c_int = @intCast(group_items);
+        try k.groupItems(c.layer_of_item, c.items, group_items, layers, group_rows, g);
         var a = .{
             c.x,                         c.up,                        c.source_rows,                       c.table,
             g.sorted,                    g.first,                     g.count,                             g.layer,
@@ -258,6 +269,10 @@ pub const Kernels = struct {
         weights_out: Ptr,
         pair_layers: Ptr,
         pair_rows: Ptr,
+        /// With prompt_layers: i32 per row, non-zero for the rows the prompt kernels take.
+        row_prompt: Ptr = 0,
+        /// 0, or i32 per item: the prompt rows' experts (-1 for the other rows).
+        prompt_layers: Ptr = 0,
         scratch: Ptr,
         rows: usize,
         hidden: usize,
@@ -278,6 +293,7 @@ pub const Kernels = struct {
         try k.run("tf_route_logits", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
         var a = .{
             c.experts_out,                  c.weights_out,                            c.pair_layers,                         c.pair_rows,
+            c.row_prompt,                   c.prompt_layers,
             c.scratch,                      rows,                                     experts,                               @as(c_int, @intCast(c.top_k)),
             @as(c_int, @intCast(c.groups)), @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
         };

@@ -5,6 +5,7 @@ pub const built_with_nvcc = kernel_images.built_with_nvcc;
 pub const sm_list = kernel_images.sm_list;
 pub const exl3_decode: []const u8 = &kernel_images.exl3_decode;
 pub const glm_forward: []const u8 = &kernel_images.glm_forward;
+pub const exl3_experts: []const u8 = &kernel_images.exl3_experts;
 pub const exl3_encode: []const u8 = &kernel_images.exl3_encode;
 pub const bench: []const u8 = &kernel_images.bench;
 

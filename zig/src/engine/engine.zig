@@ -53,6 +53,8 @@ pub const Stats = extern struct {
     context_tokens_max: u32,
     vocab_size: u32,
     graph_replays: u64,
+    prompt_rows: u64,
+    prompt_layers: u64,
 };
 
 pub const stop_tokens_max = 64;
@@ -92,6 +94,7 @@ pub const Engine = struct {
     batch_positions: []u32,
     batch_tables: [][]const u32,
     batch_slots: []u32,
+    batch_prompt: []bool,
     logits_rows: []u32,
     logits_slots: []u32,
     logits: []f32, // (logits_rows_max, vocab)
@@ -233,6 +236,7 @@ pub const Engine = struct {
         engine.batch_positions = try a.alloc(u32, rows);
         engine.batch_tables = try a.alloc([]const u32, rows);
         engine.batch_slots = try a.alloc(u32, rows);
+        engine.batch_prompt = try a.alloc(bool, rows);
         engine.logits_rows_max = @max(p.sequences_max, @min(rows, 64));
         engine.logits_rows = try a.alloc(u32, engine.logits_rows_max);
         engine.logits_slots = try a.alloc(u32, engine.logits_rows_max);
@@ -361,6 +365,8 @@ pub const Engine = struct {
             .context_tokens_max = engine.params.context_tokens_max,
             .vocab_size = @intCast(engine.config().vocab_size),
             .graph_replays = if (engine.gpu_model) |model| model.graph_replays else 0,
+            .prompt_rows = if (engine.gpu_model) |model| model.prompt_rows else 0,
+            .prompt_layers = if (engine.gpu_model) |model| model.promptLayers() else 0,
         };
     }
 
@@ -399,6 +405,7 @@ pub const Engine = struct {
                 engine.batch_positions[rows] = @intCast(position);
                 engine.batch_tables[rows] = sequence.pages[0..sequence.pages_used];
                 engine.batch_slots[rows] = slot;
+                engine.batch_prompt[rows] = position < sequence.prompt_len;
                 rows += 1;
             }
             if (count == pending) {
@@ -435,6 +442,7 @@ pub const Engine = struct {
             .positions = engine.batch_positions[0..rows],
             .page_tables = engine.batch_tables[0..rows],
             .logits_rows = engine.logits_rows[0..logits_count],
+            .prompt = engine.batch_prompt[0..rows],
         };
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
         const summaries = engine.summaries[0..logits_count];
@@ -548,6 +556,7 @@ pub const Engine = struct {
                     engine.batch_tokens[rows] = prompt[position];
                     engine.batch_positions[rows] = @intCast(position);
                     engine.batch_slots[rows] = engine.slotOf(sequence);
+                    engine.batch_prompt[rows] = true;
                     engine.logits_rows[logits_count] = @intCast(rows);
                     engine.logits_slots[logits_count] = @intCast(p);
                     rows += 1;

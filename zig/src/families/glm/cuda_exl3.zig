@@ -3,6 +3,10 @@
 //! cuda/glm_kernels.zig. Experts take the grouped path: every (row, selected expert) pair is one
 //! item of the EXL3 kernels, reading that expert's trellis in place through a pointer table.
 //!
+//! Prompt rows of layers the prompt kernels take (cuda/exl3_prompt.zig) run the routed experts on
+//! tensor cores instead, every decoded tile serving up to 64 rows of an expert; generated rows
+//! always take the GEMV, so a row's numbers never depend on its batch.
+//!
 //! f32 arithmetic, the trellis decoded per item. Forwards of few rows (decode steps) are recorded
 //! once per (rows, logits rows) as a CUDA graph and replayed: a GLM-4.5-Air step is ~1800 launches,
 //! whose host cost and gaps a replay removes. Sampling stays on the host: the logits of the sampled
@@ -49,7 +53,16 @@ const GpuBlock = struct {
     k_norm: Ptr,
     ffn: union(enum) {
         dense: GpuMlp,
-        moe: struct { router: Ptr, correction: Ptr, gate: GroupedLinear, up: GroupedLinear, down: GroupedLinear, shared: ?GpuMlp },
+        moe: struct {
+            router: Ptr,
+            correction: Ptr,
+            gate: GroupedLinear,
+            up: GroupedLinear,
+            down: GroupedLinear,
+            shared: ?GpuMlp,
+            /// The prompt kernels take this layer's experts.
+            prompt: bool = false,
+        },
     },
 };
 
@@ -71,12 +84,14 @@ pub const Limits = struct {
 const graph_rows_max = 64;
 const graph_slots = 16;
 
-const GraphSlot = struct { rows: usize, wanted: usize, graph: cuda.gpu.Graph };
+const GraphSlot = struct { rows: usize, wanted: usize, prompt: bool, graph: cuda.gpu.Graph };
+const P = cuda.exl3_prompt;
 
 pub const GpuModel = struct {
     gpa: std.mem.Allocator,
     gpu: cuda.Gpu,
     module: K.Module,
+    prompt_module: P.Module,
     config: Config,
     limits: Limits,
     allocations: std.ArrayList(Ptr),
@@ -84,6 +99,8 @@ pub const GpuModel = struct {
     graph_next: usize,
     graphs_enabled: bool,
     graph_replays: u64,
+    /// Prompt rows run through the prompt kernels (each forward's, counted once).
+    prompt_rows: u64,
     embed: Ptr,
     blocks: []GpuBlock,
     norm: Ptr,
@@ -113,6 +130,12 @@ pub const GpuModel = struct {
     grouping: K.Grouping,
     pair_layers: Ptr,
     pair_rows: Ptr,
+    /// The prompt path: scratch (when a layer takes it), i32 per row (1 = prompt row), i32 per
+    /// item (the prompt rows' experts), and whether this step has prompt rows.
+    prompt_scratch: ?P.Scratch,
+    row_prompt: Ptr,
+    prompt_layers: Ptr,
+    step_prompt: bool,
     scores: Ptr,
     attention_rows_max: usize,
     route_experts: Ptr,
@@ -124,6 +147,7 @@ pub const GpuModel = struct {
     host_tables: []u32,
     host_offsets: []u32,
     host_cos_sin: []f32,
+    host_row_prompt: []i32,
 
     pub fn init(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
         const model = try gpa.create(GpuModel);
@@ -136,6 +160,7 @@ pub const GpuModel = struct {
         model.graphs = @splat(null);
         model.graph_next = 0;
         model.graph_replays = 0;
+        model.prompt_rows = 0;
         model.graphs_enabled = limits.graphs and !graphsOffInEnvironment();
         // A launch's items (2 x rows x top-k for the expert gate/up pair) are its grid's z extent.
         const items_max = 2 * limits.rows_max * @max(weights.config.experts_per_token, 1);
@@ -148,6 +173,8 @@ pub const GpuModel = struct {
         errdefer model.freeAll();
         model.module = try K.load(&model.gpu, diag);
         errdefer model.module.unload(&model.gpu);
+        model.prompt_module = try P.load(&model.gpu, diag);
+        errdefer model.prompt_module.unload(&model.gpu);
         try model.upload(weights, diag);
         try model.allocateScratch(diag);
         return model;
@@ -158,7 +185,9 @@ pub const GpuModel = struct {
         for (&model.graphs) |*slot| if (slot.*) |*entry| entry.graph.destroy(&model.gpu);
         model.freeAll();
         model.module.unload(&model.gpu);
+        model.prompt_module.unload(&model.gpu);
         model.gpu.close();
+        gpa.free(model.host_row_prompt);
         gpa.free(model.host_tables);
         gpa.free(model.host_offsets);
         gpa.free(model.host_cos_sin);
@@ -223,8 +252,11 @@ pub const GpuModel = struct {
             .dense => {},
             .moe => |*moe| {
                 const gate_up = try model.groupedPair(moe.experts, diag);
-                target.ffn.moe.gate = gate_up[0];
-                target.ffn.moe.up = gate_up[1];
+                const m = &target.ffn.moe;
+                m.gate = gate_up[0];
+                m.up = gate_up[1];
+                m.prompt = !promptOffInEnvironment() and
+                    P.eligibleMlp(promptShape(m.gate), promptShape(m.up), promptShape(m.down), m.gate.out_features);
             },
         };
         model.norm = try model.putF32(weights.norm, diag);
@@ -410,6 +442,7 @@ pub const GpuModel = struct {
         };
         model.pair_layers = try model.alloc(2 * items * 4, diag);
         model.pair_rows = try model.alloc(2 * items * 4, diag);
+        try model.allocatePromptScratch(diag);
         // Attention scores: (rows, heads, context) would be large at long contexts; the kernel
         // runs over row chunks that fit 256 MiB.
         const per_row = c.heads * l.context_max * f;
@@ -426,6 +459,41 @@ pub const GpuModel = struct {
         model.host_tables = try model.gpa.alloc(u32, rows * l.pages_per_sequence);
         model.host_offsets = try model.gpa.alloc(u32, rows);
         model.host_cos_sin = try model.gpa.alloc(f32, rows * @max(c.rotary_dim, 2));
+        model.host_row_prompt = try model.gpa.alloc(i32, rows);
+    }
+
+    fn allocatePromptScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
+        const c = model.config;
+        const rows = model.limits.rows_max;
+        const items = rows * c.experts_per_token;
+        model.row_prompt = try model.alloc(rows * 4, diag);
+        model.prompt_layers = try model.alloc(items * 4, diag);
+        model.step_prompt = false;
+        model.prompt_scratch = null;
+        var k_max: usize = 0;
+        var n_max: usize = 0;
+        for (model.blocks) |*block| switch (block.ffn) {
+            .dense => {},
+            .moe => |*moe| if (moe.prompt) {
+                k_max = @max(k_max, moe.gate.k_p);
+                n_max = @max(n_max, moe.gate.n_p);
+            },
+        };
+        if (k_max == 0) return;
+        const need = P.Scratch.bytes(items, c.routed_experts, k_max, n_max);
+        model.prompt_scratch = .{
+            .grouping = .{
+                .ranks = try model.alloc(need.ints, diag),
+                .sorted = try model.alloc(need.ints, diag),
+                .first = try model.alloc(need.groups, diag),
+                .count = try model.alloc(need.groups, diag),
+                .layer = try model.alloc(need.groups, diag),
+                .total = try model.alloc(4, diag),
+            },
+            .rotated = try model.alloc(need.rotated, diag),
+            .down_in = try model.alloc(need.down_in, diag),
+            .slots = items,
+        };
     }
 
     /// Sums a rank's partial outputs across tensor-parallel ranks, in place on the device.
@@ -477,6 +545,16 @@ pub const GpuModel = struct {
         return need;
     }
 
+    /// MoE layers whose routed experts the prompt kernels take.
+    pub fn promptLayers(model: *const GpuModel) u64 {
+        var count: u64 = 0;
+        for (model.blocks) |*block| switch (block.ffn) {
+            .dense => {},
+            .moe => |*moe| count += @intFromBool(moe.prompt),
+        };
+        return count;
+    }
+
     /// The same contract as forward_cpu.forward; the KV cache is this model's device cache.
     pub fn forward(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
         return model.forwardRank(batch, logits, null, diag);
@@ -517,7 +595,7 @@ pub const GpuModel = struct {
         try model.uploadBatch(batch, diag);
         // A rank's reduction runs on the host between launches: it cannot be recorded.
         if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
-            const graph = try model.graphFor(rows, wanted, diag);
+            const graph = try model.graphFor(rows, wanted, model.step_prompt, diag);
             try graph.launch(&model.gpu, diag);
             model.graph_replays += 1;
         } else {
@@ -528,9 +606,9 @@ pub const GpuModel = struct {
     /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
     /// launch reads its per-step inputs (tokens, positions, page tables, logits rows) from device
     /// buffers that `uploadBatch` refills, so one recording serves every step of that size.
-    fn graphFor(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!cuda.gpu.Graph {
+    fn graphFor(model: *GpuModel, rows: usize, wanted: usize, prompt: bool, diag: *Diagnostic) Error!cuda.gpu.Graph {
         for (model.graphs) |slot| if (slot) |entry| {
-            if (entry.rows == rows and entry.wanted == wanted) return entry.graph;
+            if (entry.rows == rows and entry.wanted == wanted and entry.prompt == prompt) return entry.graph;
         };
         try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
         model.enqueue(rows, wanted, null, diag) catch |err| {
@@ -541,7 +619,7 @@ pub const GpuModel = struct {
         const slot = &model.graphs[model.graph_next % graph_slots];
         model.graph_next += 1;
         if (slot.*) |*old| old.graph.destroy(&model.gpu);
-        slot.* = .{ .rows = rows, .wanted = wanted, .graph = graph };
+        slot.* = .{ .rows = rows, .wanted = wanted, .prompt = prompt, .graph = graph };
         return graph;
     }
 
@@ -598,6 +676,15 @@ pub const GpuModel = struct {
         try model.gpu.upload(model.table_offsets, std.mem.sliceAsBytes(model.host_offsets[0..rows]), diag);
         if (c.rotary_dim > 0) try model.gpu.upload(model.cos_sin, std.mem.sliceAsBytes(model.host_cos_sin[0 .. rows * c.rotary_dim]), diag);
         if (batch.logits_rows.len > 0) try model.gpu.upload(model.logits_rows, std.mem.sliceAsBytes(batch.logits_rows), diag);
+        model.step_prompt = false;
+        if (model.prompt_scratch == null) return;
+        for (model.host_row_prompt[0..rows], 0..) |*flag, r| {
+            const prompt = r < batch.prompt.len and batch.prompt[r];
+            flag.* = @intFromBool(prompt);
+            model.step_prompt = model.step_prompt or prompt;
+            model.prompt_rows += @intFromBool(prompt);
+        }
+        if (model.step_prompt) try model.gpu.upload(model.row_prompt, std.mem.sliceAsBytes(model.host_row_prompt[0..rows]), diag);
     }
 
     fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, layer: usize, rows: usize) Error!void {
@@ -721,6 +808,7 @@ pub const GpuModel = struct {
     fn runMoe(model: *GpuModel, k: K.Kernels, moe: anytype, rows: usize) Error!void {
         const c = model.config;
         const items = rows * c.experts_per_token;
+        const prompt = model.step_prompt and moe.prompt;
         try k.route(.{
             .x = model.normed,
             .gate = moe.router,
@@ -729,6 +817,8 @@ pub const GpuModel = struct {
             .weights_out = model.route_weights,
             .pair_layers = model.pair_layers,
             .pair_rows = model.pair_rows,
+            .row_prompt = if (prompt) model.row_prompt else 0,
+            .prompt_layers = if (prompt) model.prompt_layers else 0,
             .scratch = model.route_scratch,
             .rows = rows,
             .hidden = c.hidden_size,
@@ -754,6 +844,24 @@ pub const GpuModel = struct {
         down.layer_of_item = model.route_experts;
         down.layers = c.routed_experts;
         try k.exl3Linear(down);
+        if (prompt) {
+            const launcher: P.Launcher = .{ .glm = k, .module = &model.prompt_module };
+            try launcher.runMlp(model.prompt_scratch.?, .{
+                .x = model.normed,
+                .items = items,
+                .items_per_row = c.experts_per_token,
+                .layer_of_item = model.prompt_layers,
+                .layers = c.routed_experts,
+                .gate_up = g.table,
+                .up_offset = c.routed_experts,
+                .down = d.table,
+                .hidden = c.hidden_size,
+                .width = width,
+                .gate = promptShape(g),
+                .down_shape = promptShape(d),
+                .y = model.items_out,
+            });
+        }
         var shared: Ptr = 0;
         if (moe.shared) |*mlp| {
             try model.runMlp(k, mlp, model.normed, model.shared_out, rows);
@@ -762,6 +870,16 @@ pub const GpuModel = struct {
         try k.moeCombine(model.items_out, model.route_weights, shared, model.ffn_out, rows, c.experts_per_token, c.hidden_size);
     }
 };
+
+fn promptShape(g: GroupedLinear) P.Shape {
+    return .{ .k_p = g.k_p, .n_p = g.n_p, .bits2 = g.bits2, .codebook = g.codebook };
+}
+
+/// TF_CUDA_PROMPT=0 keeps every row on the GEMV (a comparison switch for tests and benchmarks).
+fn promptOffInEnvironment() bool {
+    const text = std.c.getenv("TF_CUDA_PROMPT") orelse return false;
+    return std.mem.eql(u8, std.mem.span(text), "0");
+}
 
 fn graphsOffInEnvironment() bool {
     const text = std.c.getenv("TF_CUDA_GRAPHS") orelse return false;

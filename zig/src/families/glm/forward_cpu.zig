@@ -21,6 +21,9 @@ pub const Batch = struct {
     page_tables: []const []const u32,
     /// Rows whose logits are wanted, in output order.
     logits_rows: []const u32,
+    /// Which rows are prompt tokens (empty: none). The CPU ignores it; the GPU runs prompt rows
+    /// through its tensor-core prompt kernels and generated rows through the GEMV.
+    prompt: []const bool = &.{},
 
     pub fn rows(batch: *const Batch) usize {
         return batch.tokens.len;

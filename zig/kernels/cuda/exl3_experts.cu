@@ -1,0 +1,241 @@
+// The fused prompt (prefill) path of EXL3 linears over many rows, on tensor cores. Three launches
+// run an MLP (the routed experts of a layer, or one dense/shared MLP) over a chunk's prompt rows,
+// after tf_exl3_group_items (glm_forward.cu) has sorted the items by layer into groups of up to 64:
+//
+//   tf_exl3_prompt_rotate   x (or silu(x)·up) ⊙ suh, 128-point Hadamard, as fp16 high/low planes,
+//                           one per input operand (gate and up each have their own suh)
+//   tf_exl3_prompt_gu{,3,2} gate and up of a group over 128 intermediate columns in one block;
+//                           the epilogue rotates both outputs back (Hadamard, svh), applies SwiGLU,
+//                           and rotates the product into down's input (suh, Hadamard) as planes
+//   tf_exl3_prompt_down{,3,2} a group over 256 output columns: Hadamard, svh and bias out, into the
+//                           item's row of y (the routing weights and the sum over experts stay in
+//                           tf_moe_combine, in slot order)
+//
+// A plain linear is the rotate launch and the down launch. The number is the trellis rate K (none:
+// 4 bits); the codebook is a run-time switch around the whole body. Host side:
+// zig/src/cuda/exl3_prompt.zig.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "exl3_codebook.cuh"
+#include "exl3_hadamard.cuh"
+#include "exl3_prompt.cuh"
+
+namespace {
+
+using tf::hadamard128;
+using tf::kEpiloguePitch;
+using tf::kEpilogueRows;
+using tf::kPromptRows;
+using tf::kPromptWarps;
+
+struct Exl3Layer {  // the same layout as glm_forward.cu's
+    const uint16_t* words;
+    const uint16_t* suh;
+    const uint16_t* svh;
+    const float* bias;
+};
+
+struct Groups {
+    const int* sorted_items;  // slot -> item
+    const int* first;
+    const int* count;
+    const int* layer;
+    const int* total;
+};
+
+__device__ __forceinline__ float half_bits(const uint16_t* p, int i) { return __half2float(__ushort_as_half(p[i])); }
+
+// Slots in use: the groups are contiguous and in order.
+__device__ __forceinline__ int used_slots(const Groups& g) {
+    const int total = *g.total;
+    return total == 0 ? 0 : g.first[total - 1] + g.count[total - 1];
+}
+
+__device__ __forceinline__ void store_planes(const tf::RotatedPlanes& out, int op, int slot, int k, const float (&v)[4]) {
+    half hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tf::split_half(v[i], hi[i], lo[i]);
+    const size_t at = static_cast<size_t>(slot) * out.k_p + k;
+    *reinterpret_cast<uint2*>(out.plane(op, 0) + at) = *reinterpret_cast<const uint2*>(hi);
+    *reinterpret_cast<uint2*>(out.plane(op, 1) + at) = *reinterpret_cast<const uint2*>(lo);
+}
+
+// The ring of tile column `column` of `layer` at tile row 0, and the words between tile rows.
+__device__ __forceinline__ const uint32_t* tile_column(const Exl3Layer& layer, int column, int bits2) {
+    return reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(column) * 4 * bits2;
+}
+
+template <int K, int CB>
+__device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
+                                        const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,
+                                        unsigned char* shared) {
+    const int group = blockIdx.y;
+    if (group >= *g.total) return;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int chunk = blockIdx.x;
+    const int first = g.first[group];
+    const int rows = g.count[group];
+    const int layer = g.layer[group];
+    const Exl3Layer gate = table[layer];
+    const Exl3Layer up = table[layer + up_offset];
+    const int column = chunk * kPromptWarps + warp;
+    const uint32_t* const ring[2] = {tile_column(gate, column, 2 * K), tile_column(up, column, 2 * K)};
+    tf::PromptAcc acc;
+    tf::prompt_matmul<K, CB, 2>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, reinterpret_cast<half*>(shared), acc);
+
+    const uint16_t* down_suh = down_table[layer].suh;
+    float* staged = reinterpret_cast<float*>(shared);
+    for (int pass = 0; pass * kEpilogueRows < rows; ++pass) {
+        tf::stage_accumulators(acc, pass, staged);
+        __syncthreads();
+        for (int r = warp; r < kEpilogueRows && pass * kEpilogueRows + r < rows; r += kPromptWarps) {
+            float gv[4], uv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                gv[i] = staged[r * kEpiloguePitch + 4 * lane + i];
+                uv[i] = staged[(kEpilogueRows + r) * kEpiloguePitch + 4 * lane + i];
+            }
+            hadamard128(gv);
+            hadamard128(uv);
+            float h[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = chunk * 128 + 4 * lane + i;
+                const float gate_value = gv[i] * half_bits(gate.svh, n);
+                const float up_value = uv[i] * half_bits(up.svh, n);
+                // Columns past gate's out_features are padding: down reads zeros there.
+                h[i] = n < width ? gate_value / (1.0f + expf(-gate_value)) * up_value * half_bits(down_suh, n) : 0.f;
+            }
+            hadamard128(h);
+            store_planes(out, 0, first + pass * kEpilogueRows + r, chunk * 128 + 4 * lane, h);
+        }
+        __syncthreads();
+    }
+}
+
+template <int K, int CB>
+__device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
+                                          int n_p, int out_features, unsigned char* shared) {
+    const int group = blockIdx.y;
+    if (group >= *g.total) return;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int first = g.first[group];
+    const int rows = g.count[group];
+    const Exl3Layer layer = table[g.layer[group]];
+    const int column = blockIdx.x * 2 * kPromptWarps + warp;
+    const bool second = (column + kPromptWarps) * 16 < n_p;
+    const uint32_t* const ring[2] = {tile_column(layer, column, 2 * K), second ? tile_column(layer, column + kPromptWarps, 2 * K) : nullptr};
+    tf::PromptAcc acc;
+    tf::prompt_matmul<K, CB, 1>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, reinterpret_cast<half*>(shared), acc);
+
+    float* staged = reinterpret_cast<float*>(shared);
+    const int halves = second ? 2 : 1;
+    for (int pass = 0; pass * kEpilogueRows < rows; ++pass) {
+        tf::stage_accumulators(acc, pass, staged);
+        __syncthreads();
+        for (int task = warp; task < kEpilogueRows * halves; task += kPromptWarps) {
+            const int r = task / halves;
+            const int c = task % halves;
+            if (pass * kEpilogueRows + r >= rows) break;
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = staged[(c * kEpilogueRows + r) * kEpiloguePitch + 4 * lane + i];
+            hadamard128(v);
+            const int item = g.sorted_items[first + pass * kEpilogueRows + r];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = blockIdx.x * 256 + c * 128 + 4 * lane + i;
+                if (n >= out_features) continue;
+                float value = v[i] * half_bits(layer.svh, n);
+                if (layer.bias) value += layer.bias[n];
+                y[static_cast<size_t>(item) * out_features + n] = value;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
+// One warp per (slot, 128 input channels), 8 per block; block y = slot. Item `sorted_items[slot]`
+// reads row item / items_per_row of x (SwiGLU'd with `up` when given) and writes one plane pair
+// per operand: table entry layer + op·op_stride's suh.
+extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
+    const float* __restrict__ x, const float* __restrict__ up, int items_per_row, const Exl3Layer* __restrict__ table,
+    int ops, int op_stride, const int* __restrict__ sorted_items, const int* __restrict__ layer_of_item,
+    const int* __restrict__ group_first, const int* __restrict__ group_count, const int* __restrict__ group_layer,
+    const int* __restrict__ group_total, half* __restrict__ rotated, int slots, int in_features, int k_p) {
+    const Groups g{sorted_items, group_first, group_count, group_layer, group_total};
+    const int slot = blockIdx.y;
+    const int chunk = blockIdx.x * kPromptWarps + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (chunk * 128 >= k_p || slot >= used_slots(g)) return;
+    const int item = sorted_items[slot];
+    const int row = item / items_per_row;
+    const int layer = layer_of_item ? layer_of_item[item] : 0;
+    float x_in[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int k = chunk * 128 + 4 * lane + i;
+        float value = 0.f;
+        if (k < in_features) {
+            value = x[static_cast<size_t>(row) * in_features + k];
+            if (up) value = value / (1.0f + expf(-value)) * up[static_cast<size_t>(row) * in_features + k];
+        }
+        x_in[i] = value;
+    }
+    const tf::RotatedPlanes out{rotated, slots, k_p};
+    for (int op = 0; op < ops; ++op) {
+        const uint16_t* suh = table[layer + op * op_stride].suh;
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int k = chunk * 128 + 4 * lane + i;
+            v[i] = k < in_features ? x_in[i] * half_bits(suh, k) : 0.f;
+        }
+        hadamard128(v);
+        store_planes(out, op, slot, chunk * 128 + 4 * lane, v);
+    }
+}
+
+#define TF_PROMPT_SWITCH(BODY, K, ...)                                      \
+    switch (codebook) {                                                     \
+        case tf::kInst3: BODY<K, tf::kInst3>(__VA_ARGS__); break;          \
+        case tf::kMcg: BODY<K, tf::kMcg>(__VA_ARGS__); break;              \
+        default: BODY<K, tf::kMul1>(__VA_ARGS__); break;                   \
+    }
+
+// Block (128 intermediate columns, group). in: k_p = hidden; out: n_p = intermediate padded,
+// width = gate's out_features.
+#define TF_PROMPT_GU(NAME, K)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                                  \
+        const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,                           \
+        const int* __restrict__ sorted_items, const int* __restrict__ group_first, const int* __restrict__ group_count,         \
+        const int* __restrict__ group_layer, const int* __restrict__ group_total, half* rotated, half* down_in, int slots,      \
+        int k_p, int n_p, int width, int codebook) {                                                                            \
+        __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2)];                                              \
+        const Groups g{sorted_items, group_first, group_count, group_layer, group_total};                                       \
+        TF_PROMPT_SWITCH(gu_body, K, table, up_offset, down_table, g, tf::RotatedPlanes{rotated, slots, k_p},                  \
+                         tf::RotatedPlanes{down_in, slots, n_p}, n_p, width, shared)                                            \
+    }
+
+// Block (256 output columns, group).
+#define TF_PROMPT_DOWN(NAME, K)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                                  \
+        const Exl3Layer* __restrict__ table, const int* __restrict__ sorted_items, const int* __restrict__ group_first,         \
+        const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,          \
+        half* rotated, float* __restrict__ y, int slots, int k_p, int n_p, int out_features, int codebook) {                    \
+        __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2)];                                              \
+        const Groups g{sorted_items, group_first, group_count, group_layer, group_total};                                       \
+        TF_PROMPT_SWITCH(down_body, K, table, g, tf::RotatedPlanes{rotated, slots, k_p}, y, n_p, out_features, shared)        \
+    }
+
+TF_PROMPT_GU(tf_exl3_prompt_gu, 4)
+TF_PROMPT_GU(tf_exl3_prompt_gu3, 3)
+TF_PROMPT_GU(tf_exl3_prompt_gu2, 2)
+TF_PROMPT_DOWN(tf_exl3_prompt_down, 4)
+TF_PROMPT_DOWN(tf_exl3_prompt_down3, 3)
+TF_PROMPT_DOWN(tf_exl3_prompt_down2, 2)

@@ -1,0 +1,211 @@
+// The prompt matmul of EXL3 linears over many rows, on tensor cores (mma.sync.m16n8k16, sm_80 and
+// later): the body of the fused prefill kernels in exl3_experts.cu.
+//
+// A block of 8 warps takes one group of up to 64 items of one layer (an expert's rows, sorted
+// together by tf_exl3_group_items) and 16 tile columns; each warp decodes two tile columns over the
+// whole input (no k split: the sum over k is one chain per output, in ascending k), and every
+// decoded tile serves all the group's rows. A lane's decoded weights are the mma B fragment as they
+// come (exl3_tile_decode.cuh); the rotated inputs arrive as fp16 high and low parts (x = hi + lo to
+// ~22 bits) through a two-stage cp.async pipeline into shared memory and are read by ldmatrix, and
+// each product is accumulated in fp32 as hi·w, then lo·w. The weights are exact in fp16, so the
+// only rounding beyond the GEMV's is the tensor core's fp32 accumulation.
+//
+// The tile settings (64 rows, 32 input channels per stage, two tile columns per warp) are constants:
+// a row's outputs depend on the shape alone, never on which rows share its group.
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "exl3_tile_decode.cuh"
+
+namespace tf {
+
+constexpr int kPromptRows = 64;   // items per group: kGroupRows of the prompt path
+constexpr int kPromptM = kPromptRows / 16;
+constexpr int kPromptWarps = 8;
+constexpr int kPromptSlab = 32;            // input channels per pipeline stage (two tile rows)
+constexpr int kSlabPitch = kPromptSlab + 8;  // halves per shared row: 80 bytes, so the 8 rows of an
+                                             // ldmatrix phase land in distinct banks
+constexpr int kEpiloguePitch = 128 + 4;      // floats per row of the epilogue's staging
+constexpr int kEpilogueRows = 32;            // rows staged per epilogue pass
+
+// Shared bytes of a prompt kernel with `ops` input operands: the pipeline's two stages, reused by
+// the epilogue's staging of two 128-column halves of 32 rows.
+__host__ __device__ constexpr int prompt_shared_bytes(int ops) {
+    const int stages = 2 * ops * 2 * kPromptRows * kSlabPitch * 2;
+    const int epilogue = 2 * kEpilogueRows * kEpiloguePitch * 4;
+    return stages > epilogue ? stages : epilogue;
+}
+
+// fp16 planes of rotated inputs: plane (op, part) holds `slots` rows of k_p halves; part 0 = high.
+struct RotatedPlanes {
+    half* base;
+    int slots;
+    int k_p;
+    __device__ __forceinline__ half* plane(int op, int part) const {
+        return base + static_cast<size_t>(op * 2 + part) * slots * k_p;
+    }
+};
+
+__device__ __forceinline__ void split_half(float v, half& hi, half& lo) {
+    hi = __float2half_rn(v);
+    lo = __float2half_rn(v - __half2float(hi));
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid) {
+    // src-size 0 fills the 16 bytes with zeros: rows past the group read as zero.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const half* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(shared_address(p)));
+}
+
+__device__ __forceinline__ uint32_t pack_halves(half low, half high) {
+    return static_cast<uint32_t>(__half_as_ushort(low)) | (static_cast<uint32_t>(__half_as_ushort(high)) << 16);
+}
+
+// acc[m][c][n][i]: row 16m + lane/4 (+8 for i >= 2), column 16·(tile column c) + 8n + 2(lane%4) + i%2.
+using PromptAcc = float[kPromptM][2][2][4];
+
+// One warp's share of a group: tile columns `ring[0]` and `ring[1]` (ring[1] null: the block's
+// second half is past the layer's columns), each read against input operand `op_of[c]`. The group's
+// `rows` inputs start at slot `first` of `in`; `stage` is the block's shared pipeline.
+template <int K, int CB, int kOps>
+__device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], size_t row_stride, const RotatedPlanes& in, int first,
+                                              int rows, half* stage, PromptAcc& acc) {
+    static_assert(K >= 1 && K <= 4, "one ring word per lane");
+    constexpr int kRingWords = 8 * K;
+    const int lane = threadIdx.x % 32;
+    const int slabs = in.k_p / kPromptSlab;
+    const LaneWindow<K> window(lane);
+    const bool second = ring[1] != nullptr;
+    const auto stage_at = [&](int s, int op, int part, int row, int k) {
+        return stage + (((s * kOps + op) * 2 + part) * kPromptRows + row) * kSlabPitch + k;
+    };
+    const auto issue = [&](int slab) {
+        const int row = threadIdx.x / 4;  // 256 threads: 64 rows x 4 chunks of 8 halves
+        const int chunk = threadIdx.x % 4;
+        const bool valid = row < rows;
+#pragma unroll
+        for (int op = 0; op < kOps; ++op)
+#pragma unroll
+            for (int part = 0; part < 2; ++part) {
+                const half* source = in.plane(op, part) + static_cast<size_t>(first + (valid ? row : 0)) * in.k_p + slab * kPromptSlab + chunk * 8;
+                copy16_async(stage_at(slab & 1, op, part, row, chunk * 8), source, valid);
+            }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    const auto load_words = [&](int slab, uint32_t (&words)[2][2]) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const bool live = slab < slabs && lane < kRingWords && (c == 0 || second);
+                words[t][c] = live ? __ldg(ring[c] + static_cast<size_t>(2 * slab + t) * row_stride + lane) : 0u;
+            }
+    };
+
+#pragma unroll
+    for (int m = 0; m < kPromptM; ++m)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[m][c][n][i] = 0.f;
+
+    // Ring words two stages ahead (registers), inputs one stage ahead (cp.async).
+    uint32_t now[2][2], next[2][2], later[2][2];
+    load_words(0, now);
+    load_words(1, next);
+    issue(0);
+    const int a_row = (lane % 8) + 8 * ((lane / 8) % 2);
+    const int a_k = 8 * (lane / 16);
+    for (int slab = 0; slab < slabs; ++slab) {
+        load_words(slab + 2, later);
+        if (slab + 1 < slabs) issue(slab + 1);
+        else asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            uint32_t b[2][2][2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                half w[8];
+                if (c == 0 || second) decode_lane<K, CB>(now[t][c], 0u, window, w);
+                else
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) w[e] = __ushort_as_half(0);
+                b[c][0][0] = pack_halves(w[0], w[1]);
+                b[c][0][1] = pack_halves(w[2], w[3]);
+                b[c][1][0] = pack_halves(w[4], w[5]);
+                b[c][1][1] = pack_halves(w[6], w[7]);
+            }
+#pragma unroll
+            for (int m = 0; m < kPromptM; ++m) {
+                if (16 * m >= rows) break;
+                uint32_t a[kOps][2][4];
+#pragma unroll
+                for (int op = 0; op < kOps; ++op)
+#pragma unroll
+                    for (int part = 0; part < 2; ++part) ldmatrix_x4(a[op][part], stage_at(slab & 1, op, part, 16 * m + a_row, 16 * t + a_k));
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int op = kOps == 2 ? c : 0;
+#pragma unroll
+                    for (int n = 0; n < 2; ++n) {
+                        mma_16816(acc[m][c][n], a[op][0], b[c][n]);
+                        mma_16816(acc[m][c][n], a[op][1], b[c][n]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // the stage is refilled next
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                now[t][c] = next[t][c];
+                next[t][c] = later[t][c];
+            }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+// Stages rows 32·pass .. 32·pass + 31 of the accumulators as out[c][row][column] (column = 16·warp +
+// 8n + ...), for the epilogue's row-wise 128-point rotations. The caller syncs around it.
+__device__ __forceinline__ void stage_accumulators(const PromptAcc& acc, int pass, float* out) {
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < kPromptM; ++m) {
+        if (m / 2 != pass) continue;
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int row = (m % 2) * 16 + lane / 4 + 8 * (i / 2);
+                    const int column = 16 * warp + 8 * n + 2 * (lane % 4) + i % 2;
+                    out[(c * kEpilogueRows + row) * kEpiloguePitch + column] = acc[m][c][n][i];
+                }
+    }
+}
+
+}  // namespace tf

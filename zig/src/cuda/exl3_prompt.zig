@@ -1,0 +1,167 @@
+//! The host half of zig/kernels/cuda/exl3_experts.cu: the fused prompt path of EXL3 linears over
+//! many rows on tensor cores. `eligible` decides per layer (a GLM MoE layer's experts, or one MLP)
+//! whether the kernels can take it; `runMlp` and `runLinear` launch them. Layers they cannot take
+//! (a half-integer or > 4-bit rate, a shape off the 128 grid, gate and up of different rates) keep
+//! the grouped GEMV path, and so do generated rows always: the engine sends prompt rows here and
+//! decode rows to the GEMV, so a row's numbers depend on what it is, never on its batch.
+const std = @import("std");
+const gpu_mod = @import("gpu.zig");
+const kernels = @import("kernels.zig");
+const glm_kernels = @import("glm_kernels.zig");
+const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
+const Gpu = gpu_mod.Gpu;
+const Ptr = gpu_mod.DevicePtr;
+const Error = gpu_mod.Error;
+
+pub const Module = gpu_mod.Module(&.{
+    "tf_exl3_prompt_rotate", "tf_exl3_prompt_gu",   "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
+    "tf_exl3_prompt_down",   "tf_exl3_prompt_down3", "tf_exl3_prompt_down2",
+});
+
+pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
+    return Module.load(gpu, kernels.exl3_experts, "exl3_experts", diag);
+}
+
+/// Items per group (kPromptRows in exl3_prompt.cuh): one decoded tile serves up to this many.
+pub const group_rows = 64;
+
+/// One EXL3 weight as the kernels see it.
+pub const Shape = struct { k_p: usize, n_p: usize, bits2: u8, codebook: u8 };
+
+/// Why `shape` cannot take the prompt kernels, or null when it can.
+pub fn ineligible(shape: Shape) ?[]const u8 {
+    if (shape.bits2 % 2 != 0 or shape.bits2 < 4 or shape.bits2 > 8) return "the prompt kernels take 2, 3 and 4 bits per weight";
+    if (shape.k_p % 128 != 0 or shape.n_p % 128 != 0) return "the prompt kernels take shapes on the 128 grid";
+    if (shape.codebook > 2) return "unknown codebook";
+    return null;
+}
+
+/// Whether an MLP (gate, up, down; `width` = gate's out_features) can run as one fused prompt MLP:
+/// each weight eligible, gate and up alike, and down reading exactly gate's padded columns.
+pub fn eligibleMlp(gate: Shape, up: Shape, down: Shape, width: usize) bool {
+    if (ineligible(gate) != null or ineligible(down) != null) return false;
+    if (!std.meta.eql(gate, up)) return false;
+    return down.k_p == gate.n_p and width <= gate.n_p;
+}
+
+/// Device scratch for calls of up to `slots` items: the grouping, the rotated inputs (two operands
+/// of k_max channels, fp16 high and low) and down's rotated inputs (n_max channels).
+pub const Scratch = struct {
+    grouping: glm_kernels.Grouping,
+    rotated: Ptr,
+    down_in: Ptr,
+    slots: usize,
+
+    pub fn bytes(slots: usize, layers: usize, k_max: usize, n_max: usize) struct { ints: usize, groups: usize, rotated: usize, down_in: usize } {
+        return .{
+            .ints = slots * 4,
+            .groups = groupsMax(slots, layers) * 4,
+            .rotated = 2 * 2 * slots * k_max * 2,
+            .down_in = 2 * slots * n_max * 2,
+        };
+    }
+};
+
+pub fn groupsMax(slots: usize, layers: usize) usize {
+    return (std.math.divCeil(usize, slots, group_rows) catch unreachable) + layers;
+}
+
+/// An MLP over items: item i reads row i / items_per_row of x, and uses table entry
+/// layer_of_item[i] (0: entry 0; -1: not this path's item). `gate_up` holds gate entries, then up
+/// entries `up_offset` later; `down` one entry per layer. y gets one row per item.
+pub const Mlp = struct {
+    x: Ptr,
+    items: usize,
+    items_per_row: usize,
+    layer_of_item: Ptr,
+    layers: usize,
+    gate_up: Ptr,
+    up_offset: usize,
+    down: Ptr,
+    hidden: usize, // x's width = down's out_features
+    width: usize, // gate's out_features
+    gate: Shape,
+    down_shape: Shape,
+    y: Ptr,
+};
+
+pub const Launcher = struct {
+    glm: glm_kernels.Kernels,
+    module: *const Module,
+
+    fn run(l: Launcher, comptime name: []const u8, grid: [3]u32, args: anytype) Error!void {
+        var ptrs: [args.len]*anyopaque = undefined;
+        var values = args;
+        inline for (0..values.len) |i| ptrs[i] = @ptrCast(&values[i]);
+        try gpu_mod.launch(l.glm.gpu, l.module.function(name), .{ .grid = grid, .block = .{ 256, 1, 1 } }, ptrs, "launch " ++ name, l.glm.diag);
+    }
+
+    fn int(v: usize) c_int {
+        return @intCast(v);
+    }
+
+    /// Sort, rotate (gate's and up's suh), gate/up with SwiGLU and down's input rotation, down.
+    pub fn runMlp(l: Launcher, s: Scratch, c: Mlp) Error!void {
+        std.debug.assert(c.items <= s.slots and eligibleMlp(c.gate, c.gate, c.down_shape, c.width));
+        const g = s.grouping;
+        try l.glm.groupItems(c.layer_of_item, c.items, c.items, c.layers, group_rows, g);
+        const groups: u32 = @intCast(groupsMax(c.items, c.layers));
+        try l.rotate(s, c.x, 0, c.items_per_row, c.gate_up, 2, c.up_offset, c.layer_of_item, c.items, c.hidden, c.gate.k_p);
+        const gu = .{
+            c.gate_up, int(c.up_offset), c.down,  g.sorted,         g.first,           g.count,           g.layer, g.total,
+            s.rotated, s.down_in,        int(c.items), int(c.gate.k_p), int(c.gate.n_p), int(c.width), @as(c_int, c.gate.codebook),
+        };
+        const gu_grid: [3]u32 = .{ @intCast(c.gate.n_p / 128), groups, 1 };
+        switch (c.gate.bits2) {
+            8 => try l.run("tf_exl3_prompt_gu", gu_grid, gu),
+            6 => try l.run("tf_exl3_prompt_gu3", gu_grid, gu),
+            else => try l.run("tf_exl3_prompt_gu2", gu_grid, gu),
+        }
+        try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups);
+    }
+
+    /// A plain linear over the items: sort, rotate, down's kernel (with bias).
+    pub fn runLinear(l: Launcher, s: Scratch, x: Ptr, items: usize, items_per_row: usize, layer_of_item: Ptr, table: Ptr, shape: Shape, in_features: usize, out_features: usize, y: Ptr) Error!void {
+        std.debug.assert(items <= s.slots and ineligible(shape) == null);
+        try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, s.grouping);
+        try l.rotate(s, x, 0, items_per_row, table, 1, 0, layer_of_item, items, in_features, shape.k_p);
+        try l.down(s, s.rotated, table, shape, out_features, y, items, @intCast(groupsMax(items, 1)));
+    }
+
+    fn rotate(l: Launcher, s: Scratch, x: Ptr, up: Ptr, items_per_row: usize, table: Ptr, ops: usize, op_stride: usize, layer_of_item: Ptr, items: usize, in_features: usize, k_p: usize) Error!void {
+        const g = s.grouping;
+        const args = .{
+            x,       up,      int(items_per_row), table,   int(ops),  int(op_stride), g.sorted,        layer_of_item,
+            g.first, g.count, g.layer,            g.total, s.rotated, int(items),     int(in_features), int(k_p),
+        };
+        try l.run("tf_exl3_prompt_rotate", .{ @intCast(std.math.divCeil(usize, k_p / 128, 8) catch unreachable), @intCast(items), 1 }, args);
+    }
+
+    fn down(l: Launcher, s: Scratch, input: Ptr, table: Ptr, shape: Shape, out_features: usize, y: Ptr, items: usize, groups: u32) Error!void {
+        const g = s.grouping;
+        const args = .{
+            table,         g.sorted,       g.first,        g.count,           g.layer,                   g.total, input, y,
+            int(items),    int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
+        };
+        const grid: [3]u32 = .{ @intCast(std.math.divCeil(usize, shape.n_p, 256) catch unreachable), groups, 1 };
+        switch (shape.bits2) {
+            8 => try l.run("tf_exl3_prompt_down", grid, args),
+            6 => try l.run("tf_exl3_prompt_down3", grid, args),
+            else => try l.run("tf_exl3_prompt_down2", grid, args),
+        }
+    }
+};
+
+test "which weights the prompt kernels take" {
+    const t = std.testing;
+    const air3: Shape = .{ .k_p = 4096, .n_p = 1408, .bits2 = 6, .codebook = 2 };
+    try t.expect(ineligible(air3) == null);
+    try t.expect(ineligible(.{ .k_p = 4096, .n_p = 1408, .bits2 = 8, .codebook = 0 }) == null);
+    try t.expect(ineligible(.{ .k_p = 4096, .n_p = 1408, .bits2 = 5, .codebook = 2 }) != null); // 2.5 bits
+    try t.expect(ineligible(.{ .k_p = 4096, .n_p = 1408, .bits2 = 10, .codebook = 2 }) != null); // 5 bits
+    try t.expect(ineligible(.{ .k_p = 4096, .n_p = 1424, .bits2 = 6, .codebook = 2 }) != null);
+    const down: Shape = .{ .k_p = 1408, .n_p = 4096, .bits2 = 8, .codebook = 2 };
+    try t.expect(eligibleMlp(air3, air3, down, 1408));
+    try t.expect(!eligibleMlp(air3, .{ .k_p = 4096, .n_p = 1408, .bits2 = 8, .codebook = 2 }, down, 1408));
+    try t.expect(!eligibleMlp(air3, air3, .{ .k_p = 1536, .n_p = 4096, .bits2 = 8, .codebook = 2 }, 1408));
+}
