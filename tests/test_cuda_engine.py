@@ -143,3 +143,28 @@ def test_prompt_kernels_match_the_cpu_at_1_40_200_and_1030_rows(variant, monkeyp
         within(max(relative_l2(on_fused[t], on_cpu[t]) for t in range(rows)), TOL_GPU_VS_CPU, f"{variant} {rows} rows: prompt kernels vs CPU")
         within(max(relative_l2(on_fused[t], on_gemv[t]) for t in range(rows)), TOL_GPU_VS_CPU, f"{variant} {rows} rows: prompt kernels vs GEMV")
     assert fused.stats()["prompt_rows"] == 1 + 40 + 200 + 1030
+
+
+def test_generated_rows_keep_their_bits_when_prompt_rows_share_the_step():
+    """A sequence's generated rows take the GEMV even in steps whose other rows are a prompt on
+    the prompt kernels: its tokens and log-probabilities equal those of the sequence run alone, bit
+    for bit, while a second prompt is prefilled beside it."""
+    p = prompts()
+    sampling = trellisforge.Sampling(max_tokens=12, temperature=0.9, seed=5)
+
+    def run(with_second_prompt: bool):
+        engine = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+        first = engine.add(p["chat"], sampling, stop_token_ids=[])
+        events, steps = [], 0
+        while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+            steps += 1
+            if with_second_prompt and steps == 4:
+                engine.add(p["long"], trellisforge.Sampling(max_tokens=2), stop_token_ids=[])
+            events += [(e.token, e.logprob) for e in engine.step() if e.sequence_id == first]
+        expected_rows = len(p["chat"]) + (len(p["long"]) if with_second_prompt else 0)
+        assert engine.stats()["prompt_rows"] == expected_rows
+        return events
+
+    alone = run(False)
+    assert len(alone) == 12
+    assert run(True) == alone

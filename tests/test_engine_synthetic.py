@@ -86,7 +86,7 @@ def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
     table = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in table if line.split()[:1] in (["prefill"], ["decode"])]
     assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8), ("decode", 1, 2)]
-    assert [r[5:] for r in rows] == [[], ["greedy"], ["greedy"], ["t0.7p0.95"]]
+    assert [r[5:] for r in rows] == [["rows_max", "256"], ["greedy"], ["greedy"], ["t0.7p0.95"]]
     assert all(float(r[4]) > 0 for r in rows)
 
 

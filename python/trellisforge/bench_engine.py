@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks as processes on loopback (MODEL_DIR only)")
+    parser.add_argument("--rows-max", type=int, default=256, help="rows per forward: the prompt's chunk size")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
@@ -39,25 +40,31 @@ def main(argv: list[str] | None = None) -> None:
     workers = []
     load_start = time.perf_counter()
     if args.synthetic:
-        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=8)
+        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=8, rows_max=args.rows_max)
     elif args.tp > 1:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             master = f"127.0.0.1:{probe.getsockname()[1]}"
         code = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
         workers = [subprocess.Popen([sys.executable, "-c", code, args.model_dir, str(rank), master]) for rank in range(1, args.tp)]
-        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8, tp_world=args.tp, tp_master=master)
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8, tp_world=args.tp, tp_master=master, rows_max=args.rows_max)
     else:
-        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8)
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8, rows_max=args.rows_max)
     load_seconds = time.perf_counter() - load_start
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, args.prompt_tokens)]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
     rows = []
+    # Prefill as a request sees it: the prompt in chunks of rows_max rows, logits for its last row
+    # only, until the first token (time to first token).
+    engine.add(prompt, Sampling(max_tokens=1), stop_token_ids=[])
     start = time.perf_counter()
-    engine.logits(prompt)
+    while not engine.step():
+        pass
     elapsed = time.perf_counter() - start
-    rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed, ""))
+    while engine.stats()["sequences_live"]:
+        engine.step()
+    rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed, f"rows_max {args.rows_max}"))
     # Greedy, then sampled as chat clients do (temperature 0.7, top-p 0.95): the sampled row's
     # logits cross to the host and are sorted there.
     for streams, sampling in ((1, "greedy"), (4, "greedy"), (1, "t0.7p0.95")):

@@ -231,20 +231,17 @@ const Layer = struct {
             b.route_weights = try b.take(gpu, variants * items * f, diag);
             b.prompt = null;
             if (m >= 512) {
-                const need = P.Scratch.bytes(items, experts, hidden, intermediate);
-                b.prompt = .{
-                    .grouping = .{
-                        .ranks = try b.take(gpu, need.ints, diag),
-                        .sorted = try b.take(gpu, need.ints, diag),
-                        .first = try b.take(gpu, need.groups, diag),
-                        .count = try b.take(gpu, need.groups, diag),
-                        .layer = try b.take(gpu, need.groups, diag),
-                        .total = try b.take(gpu, 4, diag),
-                    },
-                    .rotated = try b.take(gpu, need.rotated, diag),
-                    .down_in = try b.take(gpu, need.down_in, diag),
-                    .slots = items,
+                var need: P.Need = .{};
+                need.mlp(items, experts, hidden, intermediate);
+                const Take = struct {
+                    b: *Buffers,
+                    gpu: *cuda.Gpu,
+                    diag: *Diagnostic,
+                    fn call(t: @This(), size: usize) !Ptr {
+                        return t.b.take(t.gpu, size, t.diag);
+                    }
                 };
+                b.prompt = try need.allocate(Take{ .b = &b, .gpu = gpu, .diag = diag }, Take.call);
             }
 
             const x = try gpa.alloc(f32, m * hidden);

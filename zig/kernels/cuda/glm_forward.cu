@@ -422,59 +422,86 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
     }
 }
 
-// softmax(q·kᵀ/sqrt(d))·v over positions 0..pos of the row's own sequence. One 128-thread block per
-// (row, head): warps take positions round-robin for the scores (kept in `scores`), then threads
-// take dims for the weighted sum, in position order.
-extern "C" __global__ void __launch_bounds__(128) tf_attention(const float* __restrict__ q, const float* __restrict__ cache_k,
+// softmax(q·kᵀ/sqrt(d))·v over positions 0..pos of the row's own sequence, for every query head of
+// one KV head: one block per (row, KV head), a warp per query head (in rounds of up to 16 warps),
+// K and V staged through shared memory 32 positions at a time so that the query heads of a group
+// read them once. An online softmax in position order: per tile, lane j scores position j over the
+// whole head, the tile's max and sum (fixed butterflies) rescale the running sum and accumulator,
+// and each lane accumulates its 4 dims over the tile's positions in order. Every row's work is its
+// own: its bits do not depend on the other rows of the batch. head_dim <= 128, a multiple of 4.
+constexpr int kAttentionTile = 32;
+constexpr int kAttentionPitch = 128 + 4;  // float4 rows of 8 lanes land in distinct banks
+constexpr int kAttentionWarps = 16;
+
+extern "C" __global__ void __launch_bounds__(512) tf_attention(const float* __restrict__ q, const float* __restrict__ cache_k,
                                                                const float* __restrict__ cache_v, const uint32_t* __restrict__ positions,
                                                                const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
-                                                               float* __restrict__ scores, float* __restrict__ out,
-                                                               int rows, int heads, int kv_heads, int head_dim,
-                                                               int layers, int layer, int page_tokens, int context_max) {
-    __shared__ float reduce_sh[4];
-    const int row = blockIdx.x / heads;
-    const int h = blockIdx.x % heads;
+                                                               float* __restrict__ out, int rows, int heads, int kv_heads, int head_dim,
+                                                               int layers, int layer, int page_tokens) {
+    __shared__ __align__(16) float ks[kAttentionTile][kAttentionPitch];
+    __shared__ __align__(16) float vs[kAttentionTile][kAttentionPitch];
+    __shared__ __align__(16) float qs[kAttentionWarps][kAttentionPitch];
+    const int row = blockIdx.x / kv_heads;
+    const int kv = blockIdx.x % kv_heads;
     if (row >= rows) return;
-    const int kv = h / (heads / kv_heads);
+    const int group = heads / kv_heads;
+    const int warps = blockDim.x / kWarp;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
-    const int length = positions[row] + 1;
+    const int length = static_cast<int>(positions[row]) + 1;
     const float scale = rsqrtf(static_cast<float>(head_dim));
-    const float* query = q + (static_cast<size_t>(row) * heads + h) * head_dim;
-    float* s = scores + static_cast<size_t>(blockIdx.x) * context_max;
     const uint32_t* table = tables + table_offsets[row];
-    float local_max = -INFINITY;
-    for (int t = warp; t < length; t += 4) {
-        const size_t at = (((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + t % page_tokens) * head_dim;
-        float dot = 0.f;
-        for (int i = lane; i < head_dim; i += kWarp) dot = fmaf(query[i], cache_k[at + i], dot);
-        dot = warp_sum(dot) * scale;
-        if (lane == 0) s[t] = dot;
-        local_max = fmaxf(local_max, dot);
-    }
-    local_max = warp_max(local_max);
-    if (lane == 0) reduce_sh[warp] = local_max;
-    __syncthreads();
-    const float max_score = fmaxf(fmaxf(reduce_sh[0], reduce_sh[1]), fmaxf(reduce_sh[2], reduce_sh[3]));
-    __syncthreads();
-    // The normaliser: one thread, positions in order, as the CPU does.
-    if (threadIdx.x == 0) {
-        float total = 0.f;
-        for (int t = 0; t < length; ++t) {
-            s[t] = expf(s[t] - max_score);
-            total += s[t];
+    const int quads = head_dim / 4;
+    for (int round = 0; round < group; round += warps) {
+        const bool live = round + warp < group;
+        const int h = kv * group + round + warp;
+        if (live)
+            for (int i = lane; i < head_dim; i += kWarp) qs[warp][i] = q[(static_cast<size_t>(row) * heads + h) * head_dim + i];
+        float running_max = -INFINITY, running_sum = 0.f;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int t0 = 0; t0 < length; t0 += kAttentionTile) {
+            const int count = min(kAttentionTile, length - t0);
+            __syncthreads();  // the previous tile is consumed (and qs written, the first time)
+            for (int task = threadIdx.x; task < count * quads; task += blockDim.x) {
+                const int j = task / quads;
+                const int d = 4 * (task % quads);
+                const int t = t0 + j;
+                const size_t at = (((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + t % page_tokens) * head_dim + d;
+                *reinterpret_cast<float4*>(&ks[j][d]) = *reinterpret_cast<const float4*>(cache_k + at);
+                *reinterpret_cast<float4*>(&vs[j][d]) = *reinterpret_cast<const float4*>(cache_v + at);
+            }
+            __syncthreads();
+            if (!live) continue;
+            float score = -INFINITY;
+            if (lane < count) {
+                float dot = 0.f;
+                for (int d = 0; d < head_dim; d += 4) {
+                    const float4 a = *reinterpret_cast<const float4*>(&qs[warp][d]);
+                    const float4 b = *reinterpret_cast<const float4*>(&ks[lane][d]);
+                    dot = fmaf(a.x, b.x, dot); dot = fmaf(a.y, b.y, dot); dot = fmaf(a.z, b.z, dot); dot = fmaf(a.w, b.w, dot);
+                }
+                score = dot * scale;
+            }
+            const float next_max = fmaxf(running_max, warp_max(score));
+            const float p = lane < count ? expf(score - next_max) : 0.f;
+            const float rescale = expf(running_max - next_max);  // 0 on the first tile
+            running_sum = running_sum * rescale + warp_sum(p);
+            running_max = next_max;
+            for (int i = 0; i < 4; ++i) acc[i] *= rescale;
+            const bool mine = 4 * lane < head_dim;
+            for (int j = 0; j < count; ++j) {
+                const float pj = __shfl_sync(0xFFFFFFFFu, p, j);
+                if (!mine) continue;
+                const float4 v = *reinterpret_cast<const float4*>(&vs[j][4 * lane]);
+                acc[0] = fmaf(pj, v.x, acc[0]); acc[1] = fmaf(pj, v.y, acc[1]); acc[2] = fmaf(pj, v.z, acc[2]); acc[3] = fmaf(pj, v.w, acc[3]);
+            }
         }
-        reduce_sh[0] = total;
-    }
-    __syncthreads();
-    const float total = reduce_sh[0];
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float sum = 0.f;
-        for (int t = 0; t < length; ++t) {
-            const size_t at = (((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + t % page_tokens) * head_dim;
-            sum += (s[t] / total) * cache_v[at + i];
+        if (live && 4 * lane < head_dim) {
+            float4 result;
+            result.x = acc[0] / running_sum; result.y = acc[1] / running_sum; result.z = acc[2] / running_sum; result.w = acc[3] / running_sum;
+            *reinterpret_cast<float4*>(out + (static_cast<size_t>(row) * heads + h) * head_dim + 4 * lane) = result;
         }
-        out[(static_cast<size_t>(row) * heads + h) * head_dim + i] = sum;
+        __syncthreads();  // qs is rewritten by the next round
     }
 }
 

@@ -44,20 +44,54 @@ pub fn eligibleMlp(gate: Shape, up: Shape, down: Shape, width: usize) bool {
     return down.k_p == gate.n_p and width <= gate.n_p;
 }
 
-/// Device scratch for calls of up to `slots` items: the grouping, the rotated inputs (two operands
-/// of k_max channels, fp16 high and low) and down's rotated inputs (n_max channels).
+/// Device scratch for the calls a model makes: the grouping, the rotated inputs (one or two
+/// operands, fp16 high and low planes) and down's rotated inputs.
 pub const Scratch = struct {
     grouping: glm_kernels.Grouping,
     rotated: Ptr,
     down_in: Ptr,
     slots: usize,
+};
 
-    pub fn bytes(slots: usize, layers: usize, k_max: usize, n_max: usize) struct { ints: usize, groups: usize, rotated: usize, down_in: usize } {
+/// The largest scratch of the calls noted, in bytes.
+pub const Need = struct {
+    slots: usize = 0,
+    groups: usize = 0,
+    rotated: usize = 0,
+    down_in: usize = 0,
+
+    /// An MLP over `items` items of `layers` table entries, gate k_p -> n_p.
+    pub fn mlp(n: *Need, items: usize, layers: usize, k_p: usize, n_p: usize) void {
+        n.common(items, layers);
+        n.rotated = @max(n.rotated, 2 * 2 * items * k_p * 2);
+        n.down_in = @max(n.down_in, 2 * items * n_p * 2);
+    }
+
+    /// A plain linear over `items` rows.
+    pub fn linear(n: *Need, items: usize, k_p: usize) void {
+        n.common(items, 1);
+        n.rotated = @max(n.rotated, 2 * items * k_p * 2);
+    }
+
+    fn common(n: *Need, items: usize, layers: usize) void {
+        n.slots = @max(n.slots, items);
+        n.groups = @max(n.groups, groupsMax(items, layers));
+    }
+
+    /// Allocates with `alloc(context, bytes)`.
+    pub fn allocate(n: Need, context: anytype, comptime alloc: anytype) !Scratch {
         return .{
-            .ints = slots * 4,
-            .groups = groupsMax(slots, layers) * 4,
-            .rotated = 2 * 2 * slots * k_max * 2,
-            .down_in = 2 * slots * n_max * 2,
+            .grouping = .{
+                .ranks = try alloc(context, n.slots * 4),
+                .sorted = try alloc(context, n.slots * 4),
+                .first = try alloc(context, n.groups * 4),
+                .count = try alloc(context, n.groups * 4),
+                .layer = try alloc(context, n.groups * 4),
+                .total = try alloc(context, 4),
+            },
+            .rotated = try alloc(context, @max(n.rotated, 16)),
+            .down_in = try alloc(context, @max(n.down_in, 16)),
+            .slots = n.slots,
         };
     }
 };

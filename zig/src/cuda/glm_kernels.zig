@@ -236,7 +236,6 @@ pub const Kernels = struct {
         positions: Ptr,
         tables: Ptr,
         table_offsets: Ptr,
-        scores: Ptr,
         out: Ptr,
         rows: usize,
         heads: usize,
@@ -245,20 +244,24 @@ pub const Kernels = struct {
         layers: usize,
         layer: usize,
         page_tokens: usize,
-        context_max: usize,
     };
 
-    /// A 128-thread block per (row, head).
+    /// Attention's limits on the head (kAttentionPitch in glm_forward.cu).
+    pub const attention_head_dim_max = 128;
+
+    /// A block per (row, KV head) with a warp per query head of the group, up to 16 warps.
     pub fn attention(k: Kernels, c: Attention) Error!void {
+        std.debug.assert(c.head_dim <= attention_head_dim_max and c.head_dim % 4 == 0);
         var a = .{
-            c.q,                            c.cache_k,                     c.cache_v,                           c.positions,
-            c.tables,                       c.table_offsets,               c.scores,                            c.out,
-            @as(c_int, @intCast(c.rows)),   @as(c_int, @intCast(c.heads)), @as(c_int, @intCast(c.kv_heads)),    @as(c_int, @intCast(c.head_dim)),
-            @as(c_int, @intCast(c.layers)), @as(c_int, @intCast(c.layer)), @as(c_int, @intCast(c.page_tokens)), @as(c_int, @intCast(c.context_max)),
+            c.q,                            c.cache_k,                     c.cache_v,                        c.positions,
+            c.tables,                       c.table_offsets,               c.out,                            @as(c_int, @intCast(c.rows)),
+            @as(c_int, @intCast(c.heads)),  @as(c_int, @intCast(c.kv_heads)), @as(c_int, @intCast(c.head_dim)), @as(c_int, @intCast(c.layers)),
+            @as(c_int, @intCast(c.layer)),  @as(c_int, @intCast(c.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_attention", .{ @intCast(c.rows * c.heads), 1, 1 }, 128, ptrs);
+        const warps: u32 = @intCast(@min(c.heads / c.kv_heads, 16));
+        try k.run("tf_attention", .{ @intCast(c.rows * c.kv_heads), 1, 1 }, 32 * warps, ptrs);
     }
 
     pub const Route = struct {

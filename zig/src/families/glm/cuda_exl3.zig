@@ -30,7 +30,8 @@ const GpuLinear = struct {
     in_features: usize,
     out_features: usize,
     kind: union(enum) {
-        exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8 },
+        /// prompt: the prompt kernels take this weight (for a prompt step's prompt rows).
+        exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8, prompt: bool },
         dense: struct { weight: Ptr, bias: Ptr },
     },
 };
@@ -39,8 +40,8 @@ const GpuLinear = struct {
 const GroupedLinear = struct { table: Ptr, in_features: usize, out_features: usize, k_p: usize, n_p: usize, bits2: u8, codebook: u8 };
 
 /// `pair`: a two-entry table (gate, up) when both are EXL3 of one shape, rate and codebook, so that
-/// one launch runs both; 0 otherwise.
-const GpuMlp = struct { gate: GpuLinear, up: GpuLinear, down: GpuLinear, pair: Ptr };
+/// one launch runs both; 0 otherwise. `prompt`: the prompt kernels take the whole MLP.
+const GpuMlp = struct { gate: GpuLinear, up: GpuLinear, down: GpuLinear, pair: Ptr, prompt: bool = false };
 
 const GpuBlock = struct {
     input_norm: Ptr,
@@ -133,11 +134,9 @@ pub const GpuModel = struct {
     /// The prompt path: scratch (when a layer takes it), i32 per row (1 = prompt row), i32 per
     /// item (the prompt rows' experts), and whether this step has prompt rows.
     prompt_scratch: ?P.Scratch,
-    row_prompt: Ptr,
+    row_tables: Ptr,
     prompt_layers: Ptr,
     step_prompt: bool,
-    scores: Ptr,
-    attention_rows_max: usize,
     route_experts: Ptr,
     route_weights: Ptr,
     route_scratch: Ptr,
@@ -147,7 +146,7 @@ pub const GpuModel = struct {
     host_tables: []u32,
     host_offsets: []u32,
     host_cos_sin: []f32,
-    host_row_prompt: []i32,
+    host_row_tables: []i32,
 
     pub fn init(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
         const model = try gpa.create(GpuModel);
@@ -166,6 +165,11 @@ pub const GpuModel = struct {
         const items_max = 2 * limits.rows_max * @max(weights.config.experts_per_token, 1);
         if (items_max > 65535) {
             diag.set("rows_max {d} is too large for the CUDA backend: 2 x rows_max x experts_per_token = {d} exceeds 65535 items per launch", .{ limits.rows_max, items_max });
+            return error.UnsupportedModel;
+        }
+        const c = weights.config;
+        if (c.head_dim > K.Kernels.attention_head_dim_max or c.head_dim % 4 != 0 or c.heads % @max(c.kv_heads, 1) != 0) {
+            diag.set("the CUDA attention takes head_dim <= {d}, a multiple of 4, and heads a multiple of kv_heads; this model has head_dim {d}, {d} heads, {d} KV heads", .{ K.Kernels.attention_head_dim_max, c.head_dim, c.heads, c.kv_heads });
             return error.UnsupportedModel;
         }
         model.gpu = try cuda.Gpu.open(limits.device, diag);
@@ -187,7 +191,7 @@ pub const GpuModel = struct {
         model.module.unload(&model.gpu);
         model.prompt_module.unload(&model.gpu);
         model.gpu.close();
-        gpa.free(model.host_row_prompt);
+        gpa.free(model.host_row_tables);
         gpa.free(model.host_tables);
         gpa.free(model.host_offsets);
         gpa.free(model.host_cos_sin);
@@ -276,6 +280,10 @@ pub const GpuModel = struct {
             if (g.k_p == u.k_p and g.n_p == u.n_p and g.bits2 == u.bits2 and g.codebook == u.codebook and mlp.gate.out_features == mlp.up.out_features) {
                 const entries = [2]K.Exl3Layer{ g.entry, u.entry };
                 mlp.pair = try model.put(std.mem.sliceAsBytes(&entries), diag);
+                if (mlp.down.kind == .exl3) {
+                    const d = mlp.down.kind.exl3;
+                    mlp.prompt = g.prompt and d.prompt and P.eligibleMlp(promptShape(g), promptShape(u), promptShape(d), mlp.gate.out_features);
+                }
             }
         }
         return mlp;
@@ -311,6 +319,12 @@ pub const GpuModel = struct {
                         .n_p = layer.columns,
                         .bits2 = layer.rate.bits2,
                         .codebook = @backingInt(layer.codebook),
+                        .prompt = !promptOffInEnvironment() and P.ineligible(.{
+                            .k_p = layer.rows,
+                            .n_p = layer.columns,
+                            .bits2 = layer.rate.bits2,
+                            .codebook = @backingInt(layer.codebook),
+                        }) == null,
                     } };
                 },
                 .dense => |dense| .{ .dense = .{
@@ -443,11 +457,6 @@ pub const GpuModel = struct {
         model.pair_layers = try model.alloc(2 * items * 4, diag);
         model.pair_rows = try model.alloc(2 * items * 4, diag);
         try model.allocatePromptScratch(diag);
-        // Attention scores: (rows, heads, context) would be large at long contexts; the kernel
-        // runs over row chunks that fit 256 MiB.
-        const per_row = c.heads * l.context_max * f;
-        model.attention_rows_max = @max(1, @min(rows, (256 << 20) / per_row));
-        model.scores = try model.alloc(model.attention_rows_max * per_row, diag);
         model.route_experts = try model.alloc(items * 4, diag);
         model.route_weights = try model.alloc(items * f, diag);
         model.route_scratch = try model.alloc(rows * 2 * c.routed_experts * f, diag);
@@ -459,41 +468,60 @@ pub const GpuModel = struct {
         model.host_tables = try model.gpa.alloc(u32, rows * l.pages_per_sequence);
         model.host_offsets = try model.gpa.alloc(u32, rows);
         model.host_cos_sin = try model.gpa.alloc(f32, rows * @max(c.rotary_dim, 2));
-        model.host_row_prompt = try model.gpa.alloc(i32, rows);
+        model.host_row_tables = try model.gpa.alloc(i32, row_table_count * rows);
     }
 
+    /// The prompt path's buffers: the row tables a prompt step uploads, the routed experts' layers,
+    /// and the kernels' scratch for the largest of this model's calls (none when no weight is
+    /// eligible).
     fn allocatePromptScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
         const c = model.config;
         const rows = model.limits.rows_max;
         const items = rows * c.experts_per_token;
-        model.row_prompt = try model.alloc(rows * 4, diag);
+        model.row_tables = try model.alloc(row_table_count * rows * 4, diag);
         model.prompt_layers = try model.alloc(items * 4, diag);
         model.step_prompt = false;
         model.prompt_scratch = null;
-        var k_max: usize = 0;
-        var n_max: usize = 0;
-        for (model.blocks) |*block| switch (block.ffn) {
-            .dense => {},
-            .moe => |*moe| if (moe.prompt) {
-                k_max = @max(k_max, moe.gate.k_p);
-                n_max = @max(n_max, moe.gate.n_p);
-            },
+        var need: P.Need = .{};
+        const Note = struct {
+            fn linear(n: *P.Need, l_: *const GpuLinear, r: usize) void {
+                if (l_.kind == .exl3 and l_.kind.exl3.prompt) n.linear(r, l_.kind.exl3.k_p);
+            }
+            fn mlp(n: *P.Need, m: *const GpuMlp, r: usize) void {
+                if (m.prompt) return n.mlp(r, 1, m.gate.kind.exl3.k_p, m.gate.kind.exl3.n_p);
+                if (m.pair == 0) {
+                    linear(n, &m.gate, r);
+                    linear(n, &m.up, r);
+                }
+            }
         };
-        if (k_max == 0) return;
-        const need = P.Scratch.bytes(items, c.routed_experts, k_max, n_max);
-        model.prompt_scratch = .{
-            .grouping = .{
-                .ranks = try model.alloc(need.ints, diag),
-                .sorted = try model.alloc(need.ints, diag),
-                .first = try model.alloc(need.groups, diag),
-                .count = try model.alloc(need.groups, diag),
-                .layer = try model.alloc(need.groups, diag),
-                .total = try model.alloc(4, diag),
-            },
-            .rotated = try model.alloc(need.rotated, diag),
-            .down_in = try model.alloc(need.down_in, diag),
-            .slots = items,
+        for (model.blocks) |*block| {
+            for ([_]*const GpuLinear{ &block.q, &block.k, &block.v, &block.o }) |linear| Note.linear(&need, linear, rows);
+            switch (block.ffn) {
+                .dense => |*mlp| Note.mlp(&need, mlp, rows),
+                .moe => |*moe| {
+                    if (moe.prompt) need.mlp(items, c.routed_experts, moe.gate.k_p, moe.gate.n_p);
+                    if (moe.shared) |*mlp| Note.mlp(&need, mlp, rows);
+                },
+            }
+        }
+        if (need.slots == 0) return;
+        const Alloc = struct {
+            model: *GpuModel,
+            diag: *Diagnostic,
+            fn call(a_: @This(), bytes: usize) Error!Ptr {
+                return a_.model.alloc(bytes, a_.diag);
+            }
         };
+        model.prompt_scratch = try need.allocate(Alloc{ .model = model, .diag = diag }, Alloc.call);
+    }
+
+    /// The row tables of a prompt step (i32 each, rows_max apart): the prompt flag per row, the
+    /// table entry per row for the GEMV (0, or -1 for a prompt row) and for the prompt kernels (the
+    /// other way round), and the GEMV's entries for a gate/up pair (gate rows, then up rows).
+    const row_table_count = 5;
+    fn rowTable(model: *const GpuModel, comptime which: enum { flag, gemv, prompt, pair }) Ptr {
+        return model.row_tables + @intFromEnum(which) * model.limits.rows_max * 4;
     }
 
     /// Sums a rank's partial outputs across tensor-parallel ranks, in place on the device.
@@ -678,13 +706,19 @@ pub const GpuModel = struct {
         if (batch.logits_rows.len > 0) try model.gpu.upload(model.logits_rows, std.mem.sliceAsBytes(batch.logits_rows), diag);
         model.step_prompt = false;
         if (model.prompt_scratch == null) return;
-        for (model.host_row_prompt[0..rows], 0..) |*flag, r| {
+        const rows_max = model.limits.rows_max;
+        const t = model.host_row_tables;
+        for (0..rows) |r| {
             const prompt = r < batch.prompt.len and batch.prompt[r];
-            flag.* = @intFromBool(prompt);
+            t[r] = @intFromBool(prompt);
+            t[rows_max + r] = if (prompt) -1 else 0;
+            t[2 * rows_max + r] = if (prompt) 0 else -1;
+            t[3 * rows_max + r] = if (prompt) -1 else 0;
+            t[3 * rows_max + rows + r] = if (prompt) -1 else 1;
             model.step_prompt = model.step_prompt or prompt;
             model.prompt_rows += @intFromBool(prompt);
         }
-        if (model.step_prompt) try model.gpu.upload(model.row_prompt, std.mem.sliceAsBytes(model.host_row_prompt[0..rows]), diag);
+        if (model.step_prompt) try model.gpu.upload(model.row_tables, std.mem.sliceAsBytes(t), diag);
     }
 
     fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, layer: usize, rows: usize) Error!void {
@@ -714,28 +748,22 @@ pub const GpuModel = struct {
             .layer = layer,
             .page_tokens = model.limits.page_tokens,
         });
-        var start: usize = 0;
-        while (start < rows) : (start += model.attention_rows_max) {
-            const count = @min(model.attention_rows_max, rows - start);
-            try k.attention(.{
-                .q = model.q + start * c.heads * c.head_dim * 4,
-                .cache_k = model.cache_k,
-                .cache_v = model.cache_v,
-                .positions = model.positions + start * 4,
-                .tables = model.tables,
-                .table_offsets = model.table_offsets + start * 4,
-                .scores = model.scores,
-                .out = model.attention_out + start * c.heads * c.head_dim * 4,
-                .rows = count,
-                .heads = c.heads,
-                .kv_heads = c.kv_heads,
-                .head_dim = c.head_dim,
-                .layers = c.layers,
-                .layer = layer,
-                .page_tokens = model.limits.page_tokens,
-                .context_max = model.limits.context_max,
-            });
-        }
+        try k.attention(.{
+            .q = model.q,
+            .cache_k = model.cache_k,
+            .cache_v = model.cache_v,
+            .positions = model.positions,
+            .tables = model.tables,
+            .table_offsets = model.table_offsets,
+            .out = model.attention_out,
+            .rows = rows,
+            .heads = c.heads,
+            .kv_heads = c.kv_heads,
+            .head_dim = c.head_dim,
+            .layers = c.layers,
+            .layer = layer,
+            .page_tokens = model.limits.page_tokens,
+        });
         try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);
     }
 
@@ -765,7 +793,13 @@ pub const GpuModel = struct {
             .exl3 => |e| {
                 var call = model.exl3Call(e, e.table, linear.in_features, linear.out_features, x, y, rows);
                 call.source_rows = rows_wanted;
+                const prompt = rows_wanted == 0 and model.step_prompt and e.prompt;
+                if (prompt) {
+                    call.layer_of_item = model.rowTable(.gemv);
+                    call.layers = 1;
+                }
                 try k.exl3Linear(call);
+                if (prompt) try model.launcher(k).runLinear(model.prompt_scratch.?, x, rows, 1, model.rowTable(.prompt), e.table, promptShape(e), linear.in_features, linear.out_features, y);
             },
             .dense => |d| {
                 std.debug.assert(rows_wanted == 0);
@@ -776,26 +810,59 @@ pub const GpuModel = struct {
 
     /// gate and up (one launch when paired) into model.gate: gate rows, then up rows; then down
     /// with the SwiGLU fused into its input (an unquantized down takes a separate SwiGLU).
+    /// A prompt step's prompt rows take the prompt kernels for the whole MLP when it is eligible.
     fn runMlp(model: *GpuModel, k: K.Kernels, mlp: *const GpuMlp, x: Ptr, out: Ptr, rows: usize) Error!void {
         const width = mlp.gate.out_features;
         const up = model.gate + rows * width * @sizeOf(f32);
+        const prompt = model.step_prompt and mlp.prompt;
         if (mlp.pair != 0) {
             var call = model.exl3Call(mlp.gate.kind.exl3, mlp.pair, mlp.gate.in_features, width, x, model.gate, 2 * rows);
             call.group_items = rows;
+            if (prompt) {
+                call.layer_of_item = model.rowTable(.pair);
+                call.layers = 2;
+            }
             try k.exl3Linear(call);
         } else {
             try model.runLinear(k, &mlp.gate, x, model.gate, rows, 0);
             try model.runLinear(k, &mlp.up, x, up, rows, 0);
         }
-        try model.runDown(k, &mlp.down, model.gate, up, out, rows);
+        try model.runDown(k, &mlp.down, model.gate, up, out, rows, prompt);
+        if (prompt) {
+            const g = mlp.gate.kind.exl3;
+            const d = mlp.down.kind.exl3;
+            try model.launcher(k).runMlp(model.prompt_scratch.?, .{
+                .x = x,
+                .items = rows,
+                .items_per_row = 1,
+                .layer_of_item = model.rowTable(.prompt),
+                .layers = 1,
+                .gate_up = mlp.pair,
+                .up_offset = 1,
+                .down = d.table,
+                .hidden = mlp.down.out_features,
+                .width = width,
+                .gate = promptShape(g),
+                .down_shape = promptShape(d),
+                .y = out,
+            });
+        }
     }
 
-    /// y = down(silu(gate) · up).
-    fn runDown(model: *GpuModel, k: K.Kernels, down: *const GpuLinear, gate: Ptr, up: Ptr, y: Ptr, rows: usize) Error!void {
+    fn launcher(model: *const GpuModel, k: K.Kernels) P.Launcher {
+        return .{ .glm = k, .module = &model.prompt_module };
+    }
+
+    /// y = down(silu(gate) · up); with `skip_prompt`, for the generated rows only.
+    fn runDown(model: *GpuModel, k: K.Kernels, down: *const GpuLinear, gate: Ptr, up: Ptr, y: Ptr, rows: usize, skip_prompt: bool) Error!void {
         switch (down.kind) {
             .exl3 => |e| {
                 var call = model.exl3Call(e, e.table, down.in_features, down.out_features, gate, y, rows);
                 call.up = up;
+                if (skip_prompt) {
+                    call.layer_of_item = model.rowTable(.gemv);
+                    call.layers = 1;
+                }
                 try k.exl3Linear(call);
             },
             .dense => {
@@ -817,7 +884,7 @@ pub const GpuModel = struct {
             .weights_out = model.route_weights,
             .pair_layers = model.pair_layers,
             .pair_rows = model.pair_rows,
-            .row_prompt = if (prompt) model.row_prompt else 0,
+            .row_prompt = if (prompt) model.rowTable(.flag) else 0,
             .prompt_layers = if (prompt) model.prompt_layers else 0,
             .scratch = model.route_scratch,
             .rows = rows,
@@ -845,8 +912,7 @@ pub const GpuModel = struct {
         down.layers = c.routed_experts;
         try k.exl3Linear(down);
         if (prompt) {
-            const launcher: P.Launcher = .{ .glm = k, .module = &model.prompt_module };
-            try launcher.runMlp(model.prompt_scratch.?, .{
+            try model.launcher(k).runMlp(model.prompt_scratch.?, .{
                 .x = model.normed,
                 .items = items,
                 .items_per_row = c.experts_per_token,
@@ -871,7 +937,8 @@ pub const GpuModel = struct {
     }
 };
 
-fn promptShape(g: GroupedLinear) P.Shape {
+/// The shape of anything with k_p, n_p, bits2 and codebook (a GroupedLinear, a GpuLinear's exl3).
+fn promptShape(g: anytype) P.Shape {
     return .{ .k_p = g.k_p, .n_p = g.n_p, .bits2 = g.bits2, .codebook = g.codebook };
 }
 
