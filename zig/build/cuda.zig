@@ -19,6 +19,7 @@ pub const kernels = [_]Kernel{
     .{ .name = "exl3_experts" },
     .{ .name = "exl3_encode" },
     .{ .name = "bench" },
+    .{ .name = "sample" },
 };
 
 /// Every arch the kernels must build for and the contract registry covers.

@@ -63,6 +63,26 @@ tf_status tf_cuda_available(void);
 /* The number of CUDA devices of this machine; an error with the reason when CUDA is unusable. */
 tf_status tf_cuda_device_count(uint32_t *out);
 
+/* The GPU sampler (temperature, top-k, top-p, min-p) over given logits rows, for tests against a
+ * reference. A job names a row and its filters; u in [0, 1) is the uniform draw. */
+typedef struct {
+    uint32_t row;
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    float min_p;
+    uint32_t reserved;
+    double u;
+} tf_sample_job;
+
+typedef struct {
+    uint32_t token;
+    float logprob;               /* log-softmax of the raw logits at token */
+} tf_sample_choice;
+
+tf_status tf_cuda_sample(const float *logits, size_t rows, size_t vocab, const tf_sample_job *jobs, size_t count,
+                         tf_sample_choice *out);
+
 /* A safetensors file, or a directory with model.safetensors or shards and an index. */
 tf_status tf_checkpoint_open(const char *path, tf_checkpoint **out);
 tf_status tf_checkpoint_close(tf_checkpoint *checkpoint);
@@ -148,6 +168,7 @@ typedef struct {
     uint64_t graph_replays;      /* GPU forwards run by replaying a recorded CUDA graph */
     uint64_t prompt_rows;        /* prompt rows the GPU ran through its tensor-core prompt kernels */
     uint64_t prompt_layers;      /* MoE layers whose experts those kernels take (the rest: GEMV) */
+    uint64_t gpu_sampled;        /* tokens sampled on the GPU (temperature, top-k/p, min-p rows) */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

@@ -108,6 +108,22 @@ export fn tf_cuda_device_count(out: ?*u32) Status {
     return ok();
 }
 
+/// The GPU sampler over given logits rows (for tests against a reference): `jobs` name a row, the
+/// filters and the uniform draw; `out` gets each job's token and log-probability.
+export fn tf_cuda_sample(logits: ?[*]const f32, rows: usize, vocab: usize, jobs: ?[*]const tf.cuda.sampling.Job, count: usize, out: ?[*]tf.cuda.sampling.Choice) Status {
+    const values = logits orelse return fail(.invalid_argument, "logits is null", .{});
+    const job_list = jobs orelse return fail(.invalid_argument, "jobs is null", .{});
+    const target = out orelse return fail(.invalid_argument, "out is null", .{});
+    if (rows == 0 or vocab == 0) return fail(.invalid_argument, "rows and vocab must be at least 1", .{});
+    if (vocab > 1 << 24 or rows > 65535 or count > 65535) return fail(.invalid_argument, "at most 65535 rows and jobs of up to 2^24 tokens", .{});
+    for (job_list[0..count], 0..) |job, i| {
+        if (tf.cuda.sampling.checkJob(job, rows)) |why| return fail(.invalid_argument, "job {d}: {s}", .{ i, why });
+    }
+    var diag: core.Diagnostic = .{};
+    tf.cuda.sampling.sampleHost(values[0 .. rows * vocab], rows, vocab, job_list[0..count], target[0..count], &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
 export fn tf_checkpoint_open(path: ?[*:0]const u8, out: ?*?*Handle) Status {
     const path_z = path orelse return fail(.invalid_argument, "path is null", .{});
     const target = out orelse return fail(.invalid_argument, "out is null", .{});
@@ -374,7 +390,7 @@ comptime {
     std.debug.assert(@sizeOf(engine_mod.Params) == 28);
     std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 48);
     std.debug.assert(@sizeOf(engine_mod.Record) == 184);
-    std.debug.assert(@sizeOf(engine_mod.Stats) == 56);
+    std.debug.assert(@sizeOf(engine_mod.Stats) == 64);
 }
 
 const EngineHandle = struct {

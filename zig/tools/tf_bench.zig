@@ -13,8 +13,8 @@
 //!      the median of 5 replays, per call;
 //!    - prefill at M = 512, 2048, 4096 rows on both paths, the median of 3: "grouped" (the GEMV,
 //!      items sorted by expert, each decoded tile serving up to 16 of them) and "fused" (the routed
-//!      experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded tile serving
-//!      up to 64 rows; the shared expert and the combine as in the grouped run).
+//!      and shared experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded
+//!      tile serving up to 64 rows, as the engine runs a prompt).
 //!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
 //! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
 const std = @import("std");
@@ -347,7 +347,23 @@ const Layer = struct {
                 .down_shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook },
                 .y = b.items_out,
             });
-            row = m;
+            // The shared expert of the prompt rows on the same kernels, as the engine runs it.
+            try launcher.runMlp(b.prompt.?, .{
+                .x = b.x,
+                .items = m,
+                .items_per_row = 1,
+                .layer_of_item = 0,
+                .layers = 1,
+                .gate_up = layer.shared_pair + (call % shared_copies) * 2 * entry,
+                .up_offset = 1,
+                .down = layer.shared_down + (call % shared_copies) * entry,
+                .hidden = hidden,
+                .width = intermediate,
+                .gate = shape,
+                .down_shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook },
+                .y = b.shared_out,
+            });
+            return k.moeCombine(b.items_out, b.route_weights + variant * items * f, b.shared_out, b.ffn_out, m, top_k, hidden);
         }
         while (row < m) {
             const rows: usize = @min(2048, m - row);

@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
 // Block (128 intermediate columns, group). in: k_p = hidden; out: n_p = intermediate padded,
 // width = gate's out_features.
 #define TF_PROMPT_GU(NAME, K)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                                  \
         const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,                           \
         const int* __restrict__ sorted_items, const int* __restrict__ group_first, const int* __restrict__ group_count,         \
         const int* __restrict__ group_layer, const int* __restrict__ group_total, half* rotated, half* down_in, int slots,      \
@@ -224,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
 
 // Block (256 output columns, group).
 #define TF_PROMPT_DOWN(NAME, K)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                                  \
         const Exl3Layer* __restrict__ table, const int* __restrict__ sorted_items, const int* __restrict__ group_first,         \
         const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,          \
         half* rotated, float* __restrict__ y, int slots, int k_p, int n_p, int out_features, int codebook) {                    \

@@ -8,6 +8,7 @@ pub const glm_forward: []const u8 = &kernel_images.glm_forward;
 pub const exl3_experts: []const u8 = &kernel_images.exl3_experts;
 pub const exl3_encode: []const u8 = &kernel_images.exl3_encode;
 pub const bench: []const u8 = &kernel_images.bench;
+pub const sample: []const u8 = &kernel_images.sample;
 
 test "images are embedded exactly when nvcc built them" {
     const std = @import("std");

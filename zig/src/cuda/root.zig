@@ -7,6 +7,7 @@ pub const Gpu = gpu.Gpu;
 pub const exl3_decode = @import("exl3_decode.zig");
 pub const glm_kernels = @import("glm_kernels.zig");
 pub const exl3_prompt = @import("exl3_prompt.zig");
+pub const sampling = @import("sampling.zig");
 pub const exl3_encode = @import("exl3_encode.zig");
 pub const bench_kernels = @import("bench_kernels.zig");
 

@@ -11,6 +11,7 @@ const KvCache = @import("kv_cache.zig").KvCache;
 const sampler = @import("sampler.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
 const distributed = @import("distributed.zig");
+const gpu_sampling = @import("../cuda/sampling.zig");
 
 /// Where rank 0 listens for the other ranks of a multi-process tensor-parallel group.
 pub const Master = struct { host: []const u8, port: u16 };
@@ -55,6 +56,7 @@ pub const Stats = extern struct {
     graph_replays: u64,
     prompt_rows: u64,
     prompt_layers: u64,
+    gpu_sampled: u64,
 };
 
 pub const stop_tokens_max = 64;
@@ -101,6 +103,12 @@ pub const Engine = struct {
     summaries: []core.LogitsSummary, // (logits_rows_max)
     /// Per logits row of a step: whether its sampling reads the row (sampler.needsLogits).
     logits_wanted: []bool,
+    /// GPU sampling: the step's jobs, their choices, and each logits row's job (or none).
+    sample_jobs: []gpu_sampling.Job,
+    sample_choices: []gpu_sampling.Choice,
+    job_of_row: []?u32,
+    gpu_sampling: bool,
+    gpu_sampled: u64,
     logits_rows_max: usize,
     plan_arena: std.heap.ArenaAllocator,
     gpu_model: ?*glm.cuda_exl3.GpuModel,
@@ -243,6 +251,11 @@ pub const Engine = struct {
         engine.logits = try a.alloc(f32, engine.logits_rows_max * engine.weights.config.vocab_size);
         engine.summaries = try a.alloc(core.LogitsSummary, engine.logits_rows_max);
         engine.logits_wanted = try a.alloc(bool, engine.logits_rows_max);
+        engine.sample_jobs = try a.alloc(gpu_sampling.Job, engine.logits_rows_max);
+        engine.sample_choices = try a.alloc(gpu_sampling.Choice, engine.logits_rows_max);
+        engine.job_of_row = try a.alloc(?u32, engine.logits_rows_max);
+        engine.gpu_sampling = !gpuSamplingOffInEnvironment();
+        engine.gpu_sampled = 0;
     }
 
     pub fn deinit(engine: *Engine) void {
@@ -367,6 +380,7 @@ pub const Engine = struct {
             .graph_replays = if (engine.gpu_model) |model| model.graph_replays else 0,
             .prompt_rows = if (engine.gpu_model) |model| model.prompt_rows else 0,
             .prompt_layers = if (engine.gpu_model) |model| model.promptLayers() else 0,
+            .gpu_sampled = engine.gpu_sampled,
         };
     }
 
@@ -421,22 +435,39 @@ pub const Engine = struct {
             table.* = sequence.pages[0..sequence.pages_used];
         }
         const vocab = engine.config().vocab_size;
-        for (engine.logits_slots[0..logits_count], engine.logits_wanted[0..logits_count]) |slot, *wanted| {
-            wanted.* = sampler.needsLogits(&engine.sequences[slot].sampling);
+        var jobs: usize = 0;
+        for (engine.logits_slots[0..logits_count], engine.logits_wanted[0..logits_count], engine.job_of_row[0..logits_count], 0..) |slot, *wanted, *job, i| {
+            const sequence = &engine.sequences[slot];
+            wanted.* = sampler.needsLogits(&sequence.sampling);
+            job.* = null;
+            if (engine.gpu_model == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
+            // The GPU samples this row: its logits stay there, the generator's draw goes to it.
+            const p = &sequence.sampling;
+            engine.sample_jobs[jobs] = .{ .row = @intCast(i), .temperature = p.temperature, .top_p = p.top_p, .top_k = p.top_k, .min_p = p.min_p, .u = sampler.drawUniform(sequence.prng.random()) };
+            wanted.* = false;
+            job.* = @intCast(jobs);
+            jobs += 1;
         }
-        try engine.runForward(rows, logits_count, engine.logits_wanted[0..logits_count], diag);
+        try engine.runForward(rows, logits_count, engine.logits_wanted[0..logits_count], jobs, diag);
+        engine.gpu_sampled += jobs;
         for (engine.batch_slots[0..rows]) |slot| engine.sequences[slot].computed += 1;
 
-        for (engine.logits_slots[0..logits_count], 0..) |slot, i| {
+        for (engine.logits_slots[0..logits_count], engine.job_of_row[0..logits_count], 0..) |slot, job, i| {
+            const sequence = &engine.sequences[slot];
+            if (job) |j| {
+                const choice = engine.sample_choices[j];
+                records[i] = engine.recordChoice(sequence, .{ .token = choice.token, .logprob = choice.logprob, .top_count = 0, .top_tokens = undefined, .top_logprobs = undefined });
+                continue;
+            }
             const row: ?[]const f32 = if (engine.logits_wanted[i]) engine.logits[i * vocab ..][0..vocab] else null;
-            records[i] = engine.sampleInto(&engine.sequences[slot], row, engine.summaries[i]);
+            records[i] = engine.sampleInto(sequence, row, engine.summaries[i]);
         }
         return logits_count;
     }
 
     /// The planned batch through the model, on the engine's backend: the logits of the rows
     /// `wanted` names (all when null) and every logits row's summary.
-    fn runForward(engine: *Engine, rows: usize, logits_count: usize, wanted: ?[]const bool, diag: *Diagnostic) Error!void {
+    fn runForward(engine: *Engine, rows: usize, logits_count: usize, wanted: ?[]const bool, jobs: usize, diag: *Diagnostic) Error!void {
         const batch: glm.forward_cpu.Batch = .{
             .tokens = engine.batch_tokens[0..rows],
             .positions = engine.batch_positions[0..rows],
@@ -447,7 +478,7 @@ pub const Engine = struct {
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
         const summaries = engine.summaries[0..logits_count];
         if (engine.gpu_model) |model| {
-            return model.forwardSummarized(batch, logits, summaries, wanted, diag);
+            return model.forwardSummarized(batch, logits, summaries, wanted, engine.sample_jobs[0..jobs], engine.sample_choices[0..jobs], diag);
         } else if (engine.distributed_rank) |rank| {
             try rank.forward(batch, logits, diag);
         } else if (engine.tensor_parallel) |group| {
@@ -486,6 +517,11 @@ pub const Engine = struct {
             .output = sequence.tokens[sequence.prompt_len..sequence.length],
         };
         const choice = sampler.sample(&sequence.sampling, logits, summary, history, sequence.prng.random(), &engine.workspace);
+        return engine.recordChoice(sequence, choice);
+    }
+
+    /// The chosen token appended to its sequence, and its record.
+    fn recordChoice(engine: *Engine, sequence: *Sequence, choice: sampler.Choice) Record {
         sequence.tokens[sequence.length] = choice.token;
         sequence.length += 1;
         const generated = sequence.length - sequence.prompt_len;
@@ -567,7 +603,7 @@ pub const Engine = struct {
                 const sequence = &engine.sequences[slot];
                 table.* = sequence.pages[0..sequence.pages_used];
             }
-            try engine.runForward(rows, logits_count, null, diag);
+            try engine.runForward(rows, logits_count, null, 0, diag);
             // Rows are laid out prompt by prompt, positions ascending: place each in `out`.
             for (0..logits_count) |i| {
                 const p = engine.logits_slots[i];
@@ -580,6 +616,12 @@ pub const Engine = struct {
         }
     }
 };
+
+/// TF_CUDA_SAMPLING=0 samples every row on the host (a comparison switch for tests and benchmarks).
+fn gpuSamplingOffInEnvironment() bool {
+    const text = std.c.getenv("TF_CUDA_SAMPLING") orelse return false;
+    return std.mem.eql(u8, std.mem.span(text), "0");
+}
 
 /// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or no
 /// NCCL); the CPU backend always reduces over TCP.

@@ -83,6 +83,18 @@ pub fn needsLogits(params: *const Params) bool {
     return params.temperature != 0 or penalties or params.top_logprobs > 0;
 }
 
+/// Whether the GPU samples rows of `params` (cuda/sampling.zig): temperature with top-k, top-p and
+/// min-p, no penalties and no alternatives.
+pub fn gpuSamples(params: *const Params) bool {
+    const penalties = params.repetition_penalty != 1 or params.presence_penalty != 0 or params.frequency_penalty != 0;
+    return params.temperature != 0 and !penalties and params.top_logprobs == 0;
+}
+
+/// The one uniform a sampled token takes from its sequence's generator, wherever it is sampled.
+pub fn drawUniform(random: std.Random) f64 {
+    return random.float(f64);
+}
+
 pub const History = struct {
     prompt: []const u32,
     output: []const u32,
@@ -225,7 +237,7 @@ fn draw(params: *const Params, logits: []f32, random: std.Random, workspace: *Wo
     }
     var mass: f64 = 0;
     for (kept[0..count]) |t| mass += logits[t];
-    const target = random.float(f64) * mass;
+    const target = drawUniform(random) * mass;
     var cumulative: f64 = 0;
     for (kept[0..count]) |t| {
         cumulative += logits[t];

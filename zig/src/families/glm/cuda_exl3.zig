@@ -93,6 +93,9 @@ pub const GpuModel = struct {
     gpu: cuda.Gpu,
     module: K.Module,
     prompt_module: P.Module,
+    sample_module: cuda.sampling.Module,
+    sample_jobs: Ptr,
+    sample_choices: Ptr,
     config: Config,
     limits: Limits,
     allocations: std.ArrayList(Ptr),
@@ -179,6 +182,8 @@ pub const GpuModel = struct {
         errdefer model.module.unload(&model.gpu);
         model.prompt_module = try P.load(&model.gpu, diag);
         errdefer model.prompt_module.unload(&model.gpu);
+        model.sample_module = try cuda.sampling.load(&model.gpu, diag);
+        errdefer model.sample_module.unload(&model.gpu);
         try model.upload(weights, diag);
         try model.allocateScratch(diag);
         return model;
@@ -190,6 +195,7 @@ pub const GpuModel = struct {
         model.freeAll();
         model.module.unload(&model.gpu);
         model.prompt_module.unload(&model.gpu);
+        model.sample_module.unload(&model.gpu);
         model.gpu.close();
         gpa.free(model.host_row_tables);
         gpa.free(model.host_tables);
@@ -462,6 +468,8 @@ pub const GpuModel = struct {
         model.route_scratch = try model.alloc(rows * 2 * c.routed_experts * f, diag);
         model.logits = try model.alloc(l.logits_rows_max * c.vocab_size * f, diag);
         model.summaries = try model.alloc(l.logits_rows_max * @sizeOf(core.LogitsSummary), diag);
+        model.sample_jobs = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Job), diag);
+        model.sample_choices = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Choice), diag);
         const cache_values = l.pages * c.layers * c.kv_heads * l.page_tokens * c.head_dim;
         model.cache_k = try model.alloc(cache_values * f, diag);
         model.cache_v = try model.alloc(cache_values * f, diag);
@@ -601,14 +609,20 @@ pub const GpuModel = struct {
         try model.gpu.download(std.mem.sliceAsBytes(logits[0 .. wanted * c.vocab_size]), model.logits, diag);
     }
 
-    /// `forward` for sampling: every logits row's summary, and the logits of the rows `wanted`
-    /// names (all when null). A greedy row crosses to the host as its 16-byte summary.
-    pub fn forwardSummarized(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, summaries: []core.LogitsSummary, wanted: ?[]const bool, diag: *Diagnostic) Error!void {
+    /// `forward` for sampling: every logits row's summary, the logits of the rows `wanted` names
+    /// (all when null), and the tokens the GPU samples for `jobs` into `choices`. A greedy row
+    /// crosses to the host as its 16-byte summary, a GPU-sampled one as its 8-byte choice.
+    pub fn forwardSummarized(model: *GpuModel, batch: forward_cpu.Batch, logits: []f32, summaries: []core.LogitsSummary, wanted: ?[]const bool, jobs: []const cuda.sampling.Job, choices: []cuda.sampling.Choice, diag: *Diagnostic) Error!void {
         const vocab = model.config.vocab_size;
         const count = batch.logits_rows.len;
-        std.debug.assert(summaries.len == count);
+        std.debug.assert(summaries.len == count and choices.len == jobs.len and jobs.len <= count);
         try model.run(batch, null, diag);
         if (count > 0) try model.gpu.downloadAsync(std.mem.sliceAsBytes(summaries), model.summaries, diag);
+        if (jobs.len > 0) {
+            try model.gpu.upload(model.sample_jobs, std.mem.sliceAsBytes(jobs), diag);
+            try cuda.sampling.launch(&model.gpu, &model.sample_module, model.logits, model.summaries, model.sample_jobs, model.sample_choices, jobs.len, vocab, diag);
+            try model.gpu.downloadAsync(std.mem.sliceAsBytes(choices), model.sample_choices, diag);
+        }
         for (0..count) |i| {
             if (wanted) |w| if (!w[i]) continue;
             try model.gpu.downloadAsync(std.mem.sliceAsBytes(logits[i * vocab ..][0..vocab]), model.logits + i * vocab * @sizeOf(f32), diag);
