@@ -1,6 +1,8 @@
 //! tf-cuda-test <suite>: GPU checks against the CPU reference paths, one PASS/FAIL line per check,
 //! exit code 1 on any failure. Runs on the device machine (docs/measurements.md records runs).
 //!   exl3-decode   the decode kernel equals the CPU decoder bit for bit, every rate and codebook
+//!   glm-exl3 DIR  the GLM forward on the GPU vs the exact reference, the peer and the CPU, the
+//!                 chunk-boundary bit check (glm_exl3_suite.zig); DIR: shared/fixtures/glm4_moe
 //!   nccl [--world N --rank R --master HOST:PORT]
 //!                 all-reduce, broadcast and all-gather exact, and the all-reduce bus bandwidth;
 //!                 one process per GPU, the unique id sent from rank 0 over TCP
@@ -10,15 +12,8 @@ const cuda = tf.cuda;
 const exl3 = tf.exl3;
 const Diagnostic = tf.core.Diagnostic;
 
-const Report = struct {
-    passed: u32 = 0,
-    failed: u32 = 0,
-
-    fn check(report: *Report, ok: bool, comptime fmt: []const u8, args: anytype) void {
-        if (ok) report.passed += 1 else report.failed += 1;
-        say("{s} " ++ fmt ++ "\n", .{if (ok) "PASS" else "FAIL"} ++ args);
-    }
-};
+const glm_exl3 = @import("glm_exl3_suite.zig");
+const Report = glm_exl3.Report;
 
 const say = @import("say.zig").say;
 
@@ -26,8 +21,9 @@ pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
     const suite = if (args.len >= 2) args[1] else "";
     const is_nccl = std.mem.eql(u8, suite, "nccl");
-    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl) {
-        say("usage: tf-cuda-test exl3-decode | nccl [--world N --rank R --master HOST:PORT]\n", .{});
+    const is_glm = std.mem.eql(u8, suite, "glm-exl3") and args.len == 3;
+    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm) {
+        say("usage: tf-cuda-test exl3-decode | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
         return 2;
     }
     var options: NcclOptions = .{};
@@ -44,7 +40,11 @@ pub fn main(init: std.process.Init) u8 {
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
 
     var report: Report = .{};
-    if (is_nccl) {
+    if (is_glm) {
+        glm_exl3.run(init.gpa, args[2], &report) catch |err| {
+            report.check(false, "glm-exl3 aborted: {t}", .{err});
+        };
+    } else if (is_nccl) {
         ncclSuite(init.gpa, &gpu, options, &report, &diag) catch |err| {
             report.check(false, "nccl aborted: {t}: {s}", .{ err, diag.message() });
         };

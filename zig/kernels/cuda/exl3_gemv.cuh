@@ -22,7 +22,7 @@
 
 namespace tf {
 
-constexpr int kGemvUnroll = 4;
+constexpr int kGemvUnroll = 8;
 
 struct GemvLane {
     int lane;
