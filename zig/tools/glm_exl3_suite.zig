@@ -81,7 +81,10 @@ fn variantChecks(gpa: std.mem.Allocator, dir: []const u8, model_dir: []const u8,
     const vocab = gpu.config().vocab_size;
     const exact_path = try std.fmt.allocPrint(gpa, "{s}/dequant_ref/{s}bpw/dequant_fp32_logits.safetensors", .{ dir, variant });
     defer gpa.free(exact_path);
-    var exact = try safetensors.File.open(gpa, exact_path, &diag);
+    var exact = safetensors.File.open(gpa, exact_path, &diag) catch |err| {
+        report.check(false, "{s} bpw: the exact reference {s}: {t}", .{ variant, exact_path, err });
+        return;
+    };
     defer exact.deinit();
     const peer_path = try std.fmt.allocPrint(gpa, "{s}/peer/exl3_logits_{s}bpw.safetensors", .{ dir, variant });
     defer gpa.free(peer_path);
@@ -121,7 +124,10 @@ fn variantChecks(gpa: std.mem.Allocator, dir: []const u8, model_dir: []const u8,
 
 fn greedy(gpa: std.mem.Allocator, dir: []const u8, gpu: *Engine, variant: []const u8, prompts: std.json.ObjectMap, report: *Report) !void {
     var diag: Diagnostic = .{};
-    var parsed = try readJson(gpa, "{s}/dequant_ref/{s}bpw/dequant_fp32_greedy.json", .{ dir, variant });
+    var parsed = readJson(gpa, "{s}/dequant_ref/{s}bpw/dequant_fp32_greedy.json", .{ dir, variant }) catch |err| {
+        report.check(false, "{s} bpw: the reference continuation {s}/dequant_ref/{s}bpw/dequant_fp32_greedy.json: {t}", .{ variant, dir, variant, err });
+        return;
+    };
     defer parsed.deinit();
     var it = prompts.iterator();
     while (it.next()) |entry| {
