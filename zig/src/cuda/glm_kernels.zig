@@ -194,6 +194,23 @@ pub const Kernels = struct {
         try k.run("tf_dense_matmul", .{ blocks(rows * out_features, 8), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
     }
 
+    /// The rows' places in the paged KV cache of one layer: what the rope/store and the attention
+    /// launches share.
+    pub const PagedKv = struct {
+        cache_k: Ptr,
+        cache_v: Ptr,
+        positions: Ptr,
+        tables: Ptr,
+        table_offsets: Ptr,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        layers: usize,
+        layer: usize,
+        page_tokens: usize,
+    };
+
     pub const RopeStore = struct {
         q: Ptr,
         k: Ptr,
@@ -201,67 +218,39 @@ pub const Kernels = struct {
         q_norm: Ptr,
         k_norm: Ptr,
         cos_sin: Ptr,
-        positions: Ptr,
-        tables: Ptr,
-        table_offsets: Ptr,
-        cache_k: Ptr,
-        cache_v: Ptr,
-        rows: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
         rotary_dim: usize,
         eps: f32,
-        layers: usize,
-        layer: usize,
-        page_tokens: usize,
     };
 
-    pub fn qkRopeStore(k: Kernels, c: RopeStore) Error!void {
+    pub fn qkRopeStore(k: Kernels, c: RopeStore, kv: PagedKv) Error!void {
         var a = .{
-            c.q,                                c.k,                          c.v,                            c.q_norm,                         c.k_norm,
-            c.cos_sin,                          c.positions,                  c.tables,                       c.table_offsets,                  c.cache_k,
-            c.cache_v,                          @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(c.heads)),  @as(c_int, @intCast(c.kv_heads)), @as(c_int, @intCast(c.head_dim)),
-            @as(c_int, @intCast(c.rotary_dim)), c.eps,                        @as(c_int, @intCast(c.layers)), @as(c_int, @intCast(c.layer)),    @as(c_int, @intCast(c.page_tokens)),
+            c.q,                                c.k,                           c.v,                             c.q_norm,                          c.k_norm,
+            c.cos_sin,                          kv.positions,                  kv.tables,                       kv.table_offsets,                  kv.cache_k,
+            kv.cache_v,                         @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)),  @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)),
+            @as(c_int, @intCast(c.rotary_dim)), c.eps,                         @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),    @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_qk_rope_store", .{ @intCast(c.rows), blocks(c.heads + c.kv_heads, 8), 1 }, 256, ptrs);
+        try k.run("tf_qk_rope_store", .{ @intCast(kv.rows), blocks(kv.heads + kv.kv_heads, 8), 1 }, 256, ptrs);
     }
-
-    pub const Attention = struct {
-        q: Ptr,
-        cache_k: Ptr,
-        cache_v: Ptr,
-        positions: Ptr,
-        tables: Ptr,
-        table_offsets: Ptr,
-        out: Ptr,
-        rows: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        layers: usize,
-        layer: usize,
-        page_tokens: usize,
-    };
 
     /// Attention's limits on the head (kAttentionPitch in glm_forward.cu).
     pub const attention_head_dim_max = 128;
 
-    /// A block per (row, KV head) with a warp per query head of the group, up to 16 warps.
-    pub fn attention(k: Kernels, c: Attention) Error!void {
-        std.debug.assert(c.head_dim <= attention_head_dim_max and c.head_dim % 4 == 0);
+    /// out = attention of q over the cache: a block per (row, KV head) with a warp per query head
+    /// of the group, up to 16 warps.
+    pub fn attention(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv) Error!void {
+        std.debug.assert(kv.head_dim <= attention_head_dim_max and kv.head_dim % 4 == 0);
         var a = .{
-            c.q,                            c.cache_k,                     c.cache_v,                        c.positions,
-            c.tables,                       c.table_offsets,               c.out,                            @as(c_int, @intCast(c.rows)),
-            @as(c_int, @intCast(c.heads)),  @as(c_int, @intCast(c.kv_heads)), @as(c_int, @intCast(c.head_dim)), @as(c_int, @intCast(c.layers)),
-            @as(c_int, @intCast(c.layer)),  @as(c_int, @intCast(c.page_tokens)),
+            q,                                 kv.cache_k,                       kv.cache_v,                        kv.positions,
+            kv.tables,                         kv.table_offsets,                 out,                               @as(c_int, @intCast(kv.rows)),
+            @as(c_int, @intCast(kv.heads)),    @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)),
+            @as(c_int, @intCast(kv.layer)),    @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        const warps: u32 = @intCast(@min(c.heads / c.kv_heads, 16));
-        try k.run("tf_attention", .{ @intCast(c.rows * c.kv_heads), 1, 1 }, 32 * warps, ptrs);
+        const warps: u32 = @intCast(@min(kv.heads / kv.kv_heads, 16));
+        try k.run("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), 1, 1 }, 32 * warps, ptrs);
     }
 
     pub const Route = struct {

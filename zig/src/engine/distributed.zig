@@ -1,6 +1,7 @@
 //! Tensor parallelism across processes (one per node or GPU): rank 0 runs the engine and the
-//! scheduler, sends each step's plan (tokens, positions, page tables, how many logits rows) to the
-//! workers over TCP, and every rank runs the same forward on its shard. On the CPU backend the two
+//! scheduler, sends each step's plan (tokens, positions, which rows are prompt rows, page tables,
+//! how many logits rows) to the workers over TCP, and every rank runs the same forward on its
+//! shard. On the CPU backend the two
 //! all-reduces per layer go over the same sockets (rank 0 sums in rank order and returns the sum,
 //! so every rank holds the same bits). A peer that dies or stops answering fails the step with a
 //! message; it never hangs the master.
@@ -70,6 +71,8 @@ pub const Rank = struct {
     host_values: []f32, // the second half of `partials`: a GPU rank's staged partial
     plan: []u32,
     tables: [][]const u32,
+    /// Which rows of a plan are prompt rows (the GPU's prompt kernels take them on every rank).
+    prompt: []bool,
     failure: ?Diagnostic,
 
     /// Rank 0: shards `full`, waits for the workers to connect and sends them the shape.
@@ -132,6 +135,8 @@ pub const Rank = struct {
         errdefer gpa.free(self.plan);
         self.tables = try gpa.alloc([]const u32, shape.rows_max);
         errdefer gpa.free(self.tables);
+        self.prompt = try gpa.alloc(bool, shape.rows_max);
+        errdefer gpa.free(self.prompt);
         if (on_gpu) {
             self.gpu = try glm.cuda_exl3.GpuModel.init(gpa, &self.weights, .{
                 .device = gpuOrdinal(rank),
@@ -162,6 +167,7 @@ pub const Rank = struct {
         if (self.comm != null) _ = self.nccl.?.api.ncclCommDestroy(self.comm);
         if (self.nccl) |*n| n.close();
         if (self.gpu) |g| g.deinit();
+        gpa.free(self.prompt);
         gpa.free(self.tables);
         gpa.free(self.plan);
         gpa.free(self.partials);
@@ -181,11 +187,14 @@ pub const Rank = struct {
         var tables_len: usize = 0;
         for (batch.page_tables) |t| tables_len += t.len;
         const header: Header = .{ .kind = kind_forward, .rows = @intCast(batch.rows()), .logits_rows = @intCast(batch.logits_rows.len), .tables_len = @intCast(tables_len) };
+        const flags = self.plan[0..batch.rows()];
+        for (flags, 0..) |*flag, r| flag.* = @intFromBool(r < batch.prompt.len and batch.prompt[r]);
         for (self.peers[0 .. self.shape.world - 1]) |*peer| {
             errdefer self.failure = diag.*;
             try peer.sendValue(header, diag);
             try peer.sendAll(std.mem.sliceAsBytes(batch.tokens), diag);
             try peer.sendAll(std.mem.sliceAsBytes(batch.positions), diag);
+            try peer.sendAll(std.mem.sliceAsBytes(flags), diag);
             for (batch.page_tables) |t| try peer.sendValue(@as(u32, @intCast(t.len)), diag);
             for (batch.page_tables) |t| try peer.sendAll(std.mem.sliceAsBytes(t), diag);
         }
@@ -207,18 +216,21 @@ pub const Rank = struct {
             }
             const tokens = self.plan[0..rows];
             const positions = self.plan[rows..][0..rows];
-            const lengths = self.plan[2 * rows ..][0..rows];
-            const flat = self.plan[3 * rows ..][0..header.tables_len];
+            const flags = self.plan[2 * rows ..][0..rows];
+            const lengths = self.plan[3 * rows ..][0..rows];
+            const flat = self.plan[4 * rows ..][0..header.tables_len];
             try self.master.recvAll(std.mem.sliceAsBytes(tokens), diag);
             try self.master.recvAll(std.mem.sliceAsBytes(positions), diag);
+            try self.master.recvAll(std.mem.sliceAsBytes(flags), diag);
             try self.master.recvAll(std.mem.sliceAsBytes(lengths), diag);
+            for (self.prompt[0..rows], flags) |*prompt, flag| prompt.* = flag != 0;
             try self.master.recvAll(std.mem.sliceAsBytes(flat), diag);
             var at: usize = 0;
             for (self.tables[0..rows], lengths) |*table, length| {
                 table.* = flat[at..][0..length];
                 at += length;
             }
-            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{} }, &.{}, diag);
+            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{}, .prompt = self.prompt[0..rows] }, &.{}, diag);
             self.master.setTimeout(0);
         }
     }

@@ -740,6 +740,20 @@ pub const GpuModel = struct {
         try model.runLinear(k, &block.q, model.normed, model.q, rows, 0);
         try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
         try model.runLinear(k, &block.v, model.normed, model.v, rows, 0);
+        const kv: K.Kernels.PagedKv = .{
+            .cache_k = model.cache_k,
+            .cache_v = model.cache_v,
+            .positions = model.positions,
+            .tables = model.tables,
+            .table_offsets = model.table_offsets,
+            .rows = rows,
+            .heads = c.heads,
+            .kv_heads = c.kv_heads,
+            .head_dim = c.head_dim,
+            .layers = c.layers,
+            .layer = layer,
+            .page_tokens = model.limits.page_tokens,
+        };
         try k.qkRopeStore(.{
             .q = model.q,
             .k = model.k,
@@ -747,37 +761,10 @@ pub const GpuModel = struct {
             .q_norm = block.q_norm,
             .k_norm = block.k_norm,
             .cos_sin = model.cos_sin,
-            .positions = model.positions,
-            .tables = model.tables,
-            .table_offsets = model.table_offsets,
-            .cache_k = model.cache_k,
-            .cache_v = model.cache_v,
-            .rows = rows,
-            .heads = c.heads,
-            .kv_heads = c.kv_heads,
-            .head_dim = c.head_dim,
             .rotary_dim = c.rotary_dim,
             .eps = c.rms_norm_eps,
-            .layers = c.layers,
-            .layer = layer,
-            .page_tokens = model.limits.page_tokens,
-        });
-        try k.attention(.{
-            .q = model.q,
-            .cache_k = model.cache_k,
-            .cache_v = model.cache_v,
-            .positions = model.positions,
-            .tables = model.tables,
-            .table_offsets = model.table_offsets,
-            .out = model.attention_out,
-            .rows = rows,
-            .heads = c.heads,
-            .kv_heads = c.kv_heads,
-            .head_dim = c.head_dim,
-            .layers = c.layers,
-            .layer = layer,
-            .page_tokens = model.limits.page_tokens,
-        });
+        }, kv);
+        try k.attention(model.q, model.attention_out, kv);
         try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);
     }
 
