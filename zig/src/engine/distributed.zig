@@ -1,10 +1,9 @@
 //! Tensor parallelism across processes (one per node or GPU): rank 0 runs the engine and the
 //! scheduler, sends each step's plan (tokens, positions, which rows are prompt rows, page tables,
 //! how many logits rows) to the workers over TCP, and every rank runs the same forward on its
-//! shard. On the CPU backend the two
-//! all-reduces per layer go over the same sockets (rank 0 sums in rank order and returns the sum,
-//! so every rank holds the same bits). A peer that dies or stops answering fails the step with a
-//! message; it never hangs the master.
+//! shard. On the CPU backend the two all-reduces per layer go over the same sockets (rank 0 sums
+//! in rank order and returns the sum, so every rank holds the same bits). A peer that dies or
+//! stops answering fails the step with a message; it never hangs the master.
 const std = @import("std");
 const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
