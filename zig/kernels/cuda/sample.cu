@@ -13,8 +13,7 @@
 //    host sampler takes it, picks the kept token whose interval in id order holds u · (kept
 //    weight). The distribution is the host sampler's; the token a given u names differs (the host
 //    walks the kept tokens in logit order).
-// Every sum is an integer sum, so the histograms (shared-memory atomics) and the scans give the same
-// result whatever the timing: the same row and u give the same token.
+// Every sum is an integer sum over a fixed tree, so the same row and u give the same token.
 #include <stdint.h>
 
 namespace {
@@ -76,10 +75,7 @@ __device__ __forceinline__ bool shorter(Boundary a, Boundary b) {
 }
 
 struct Shared {
-    unsigned long long histogram[256];
     unsigned long long warp_values[kWarps];
-    unsigned long long above;
-    uint32_t chosen;
     uint32_t key_min;
 };
 
@@ -126,51 +122,33 @@ __device__ __forceinline__ unsigned long long amount(const Row& r, uint32_t key)
     else return 1ull;
 }
 
-// The shortest prefix of the tokens inside `within` whose amount reaches `target` (>= 1 and at most
-// their total): a radix select over the key, 8 bits a pass from the top, on exact sums.
+// The amount of the tokens inside `within` whose key is at least `floor`.
 template <bool kWeights>
-__device__ Boundary select_prefix(const Row& r, Boundary within, unsigned long long target, Shared& s) {
-    uint32_t prefix = 0, mask = 0;
-    unsigned long long above = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += kThreads) s.histogram[b] = 0;
-        __syncthreads();
-        for (int i = threadIdx.x; i < r.vocab; i += kThreads) {
-            const uint32_t key = order_key(r.logits[i]);
-            if ((key & mask) != prefix || key <= within.key) continue;
-            atomicAdd(&s.histogram[(key >> shift) & 255u], amount<kWeights>(r, key));
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            // The ties `within` keeps at its boundary, all of one weight.
-            if (within.quota > 0 && (within.key & mask) == prefix)
-                s.histogram[(within.key >> shift) & 255u] += within.quota * amount<kWeights>(r, within.key);
-            uint32_t bucket = 0;
-            for (int b = 255; b >= 0; --b) {
-                if (above + s.histogram[b] >= target) { bucket = static_cast<uint32_t>(b); break; }
-                above += s.histogram[b];
-            }
-            s.chosen = bucket;
-            s.above = above;
-        }
-        __syncthreads();
-        prefix |= s.chosen << shift;
-        mask |= 255u << shift;
-        above = s.above;
-    }
-    const unsigned long long each = amount<kWeights>(r, prefix);
-    return {prefix, (target - above + each - 1) / each};
-}
-
-// The total weight of the tokens inside `within`.
-__device__ unsigned long long weight_within(const Row& r, Boundary within, Shared& s) {
+__device__ unsigned long long amount_from(const Row& r, Boundary within, uint32_t floor, Shared& s) {
     unsigned long long sum = 0;
     for (int i = threadIdx.x; i < r.vocab; i += kThreads) {
-        const float logit = r.logits[i];
-        if (order_key(logit) > within.key) sum += r.weight(logit);
+        const uint32_t key = order_key(r.logits[i]);
+        if (key > within.key && key >= floor) sum += amount<kWeights>(r, key);
     }
     sum = block_sum_u64(sum, s);
-    return sum + within.quota * (within.quota > 0 ? r.weight(key_value(within.key)) : 0ull);
+    if (within.quota > 0 && within.key >= floor) sum += within.quota * amount<kWeights>(r, within.key);
+    return sum;
+}
+
+// The shortest prefix of the tokens inside `within` whose amount reaches `target` (>= 1 and at most
+// their total): the boundary key is the largest key k with amount(key >= k) >= target, found bit by
+// bit from the top with exact block sums (no atomics: a histogram's shared-memory atomics serialise
+// when the logits are flat and every token lands in one bucket).
+template <bool kWeights>
+__device__ Boundary select_prefix(const Row& r, Boundary within, unsigned long long target, Shared& s) {
+    uint32_t prefix = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const uint32_t candidate = prefix | (1u << bit);
+        if (amount_from<kWeights>(r, within, candidate, s) >= target) prefix = candidate;
+    }
+    const unsigned long long above = prefix == 0xFFFFFFFFu ? 0ull : amount_from<kWeights>(r, within, prefix + 1, s);
+    const unsigned long long each = amount<kWeights>(r, prefix);
+    return {prefix, (target - above + each - 1) / each};
 }
 
 }  // namespace
@@ -188,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_sample(const float* __
     Boundary kept{0u, 0ull};  // every token
     if (job.top_k > 0 && job.top_k < vocab) kept = select_prefix<false>(r, kept, static_cast<unsigned long long>(job.top_k), s);
     if (job.top_p < 1.f) {
-        const unsigned long long total = weight_within(r, kept, s);
+        const unsigned long long total = amount_from<true>(r, kept, 0u, s);
         unsigned long long target = static_cast<unsigned long long>(ceil(static_cast<double>(job.top_p) * static_cast<double>(total)));
         target = target < 1 ? 1 : (target > total ? total : target);
         const Boundary nucleus = select_prefix<true>(r, kept, target, s);
