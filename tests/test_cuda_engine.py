@@ -168,3 +168,18 @@ def test_generated_rows_keep_their_bits_when_prompt_rows_share_the_step():
     alone = run(False)
     assert len(alone) == 12
     assert run(True) == alone
+
+
+def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
+    """The shared expert rides in the routed experts' launches (the last slot of each row, weight
+    1) unless TF_CUDA_SHARED_MERGE=0 keeps it on its own: prompt logits (prompt kernels) and the
+    log-probabilities of generated tokens (GEMV) are the same bits either way."""
+    p = prompts()
+    merged = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    monkeypatch.setenv("TF_CUDA_SHARED_MERGE", "0")
+    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    for name, tokens in p.items():
+        assert np.array_equal(merged.logits(tokens).view(np.uint32), apart.logits(tokens).view(np.uint32)), name
+        run = [[(e.token, e.logprob) for e in engine.stream(tokens, 12, temperature=0.8, seed=4, stop_token_ids=[])]
+               for engine in (merged, apart)]
+        assert run[0] == run[1] and len(run[0]) == 12, name

@@ -542,7 +542,8 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* _
 
 // Expert selection of one row from tf_route_logits' scratch: on the choice scores (group-limited
 // when groups > 1), weights from the unbiased sigmoid, normalised, scaled. Writes each row's
-// experts in ascending index and their weights. One 256-thread block per row.
+// experts in ascending index and their weights, `slots` per row: top_k, or top_k + 1 with the
+// merged shared expert last. One 256-thread block per row.
 //
 // For the gate/up launch of the experts, which runs 2·rows·top_k items, it also writes the items'
 // layers (gate table entries 0..experts-1, then up entries experts..2·experts-1) and source rows.
@@ -551,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* _
 extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ experts_out, float* __restrict__ weights_out,
                                                            int* __restrict__ pair_layers, int* __restrict__ pair_rows,
                                                            const int* __restrict__ row_prompt, int* __restrict__ prompt_layers,
-                                                           float* __restrict__ scratch, int rows, int experts, int top_k,
+                                                           float* __restrict__ scratch, int rows, int experts, int top_k, int slots,
                                                            int groups, int groups_per_token, int normalize, float scaling) {
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -586,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ exp
     // by -inf after their slot.
     __shared__ float best_score_sh[8];
     __shared__ int best_index_sh[8];
-    int* chosen = experts_out + static_cast<size_t>(row) * top_k;
+    int* chosen = experts_out + static_cast<size_t>(row) * slots;
     for (int slot = 0; slot < top_k; ++slot) {
         float best_score = -INFINITY;
         int best = experts;
@@ -616,11 +617,14 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ exp
     if (threadIdx.x != 0) return;
     for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
         for (int j = i; j > 0 && chosen[j - 1] > chosen[j]; --j) { const int t = chosen[j]; chosen[j] = chosen[j - 1]; chosen[j - 1] = t; }
-    const size_t items = static_cast<size_t>(rows) * top_k;
-    for (int slot = 0; slot < top_k; ++slot) {
-        const size_t i = static_cast<size_t>(row) * top_k + slot;
+    // A merged shared expert (slots = top_k + 1) is table entry `experts`, last, with weight 1.
+    if (slots > top_k) chosen[top_k] = experts;
+    const int entries = experts + (slots > top_k);  // table entries per projection
+    const size_t items = static_cast<size_t>(rows) * slots;
+    for (int slot = 0; slot < slots; ++slot) {
+        const size_t i = static_cast<size_t>(row) * slots + slot;
         pair_layers[i] = chosen[slot];
-        pair_layers[items + i] = experts + chosen[slot];
+        pair_layers[items + i] = entries + chosen[slot];
         pair_rows[i] = row;
         pair_rows[items + i] = row;
     }
@@ -629,14 +633,15 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ exp
     for (int slot = 0; slot < top_k; ++slot) {
         float w = probability[chosen[slot]];
         if (normalize) w /= total + 1e-20f;
-        weights_out[static_cast<size_t>(row) * top_k + slot] = w * scaling;
+        weights_out[static_cast<size_t>(row) * slots + slot] = w * scaling;
     }
+    if (slots > top_k) weights_out[static_cast<size_t>(row) * slots + top_k] = 1.0f;
     if (!prompt_layers) return;
     // A prompt row's items go to the prompt kernels, a generated row's to the GEMV: each path sees
     // layer -1 for the other's items.
     const bool prompt = row_prompt[row] != 0;
-    for (int slot = 0; slot < top_k; ++slot) {
-        const size_t i = static_cast<size_t>(row) * top_k + slot;
+    for (int slot = 0; slot < slots; ++slot) {
+        const size_t i = static_cast<size_t>(row) * slots + slot;
         prompt_layers[i] = prompt ? chosen[slot] : -1;
         if (!prompt) continue;
         chosen[slot] = -1;

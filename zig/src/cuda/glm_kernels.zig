@@ -270,6 +270,8 @@ pub const Kernels = struct {
         hidden: usize,
         experts: usize,
         top_k: usize,
+        /// Per row in the outputs: top_k, or top_k + 1 with a merged shared expert last.
+        slots: usize,
         groups: usize,
         groups_per_token: usize,
         normalize: bool,
@@ -287,6 +289,7 @@ pub const Kernels = struct {
             c.experts_out,                  c.weights_out,                            c.pair_layers,                         c.pair_rows,
             c.row_prompt,                   c.prompt_layers,
             c.scratch,                      rows,                                     experts,                               @as(c_int, @intCast(c.top_k)),
+            @as(c_int, @intCast(c.slots)),
             @as(c_int, @intCast(c.groups)), @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
         };
         var ptrs: [a.len]*anyopaque = undefined;

@@ -60,7 +60,11 @@ const GpuBlock = struct {
             gate: GroupedLinear,
             up: GroupedLinear,
             down: GroupedLinear,
+            /// The shared expert on its own launches; null when there is none or when it is merged.
             shared: ?GpuMlp,
+            /// The shared expert rides in the routed launches as entry `routed_experts` of every
+            /// table, the last slot of each row with weight 1 (sharedMerges).
+            merged: bool = false,
             /// The prompt kernels take this layer's experts.
             prompt: bool = false,
         },
@@ -94,6 +98,8 @@ pub const GpuModel = struct {
     module: K.Module,
     prompt_module: P.Module,
     sample_module: cuda.sampling.Module,
+    /// Expert slots per row: experts_per_token, + 1 when a layer merges its shared expert.
+    slots: usize,
     sample_jobs: Ptr,
     sample_choices: Ptr,
     config: Config,
@@ -164,10 +170,11 @@ pub const GpuModel = struct {
         model.graph_replays = 0;
         model.prompt_rows = 0;
         model.graphs_enabled = limits.graphs and !graphsOffInEnvironment();
-        // A launch's items (2 x rows x top-k for the expert gate/up pair) are its grid's z extent.
-        const items_max = 2 * limits.rows_max * @max(weights.config.experts_per_token, 1);
+        // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.
+        model.slots = slotsOf(weights);
+        const items_max = 2 * limits.rows_max * model.slots;
         if (items_max > 65535) {
-            diag.set("rows_max {d} is too large for the CUDA backend: 2 x rows_max x experts_per_token = {d} exceeds 65535 items per launch", .{ limits.rows_max, items_max });
+            diag.set("rows_max {d} is too large for the CUDA backend: 2 x rows_max x {d} expert slots = {d} exceeds 65535 items per launch", .{ limits.rows_max, model.slots, items_max });
             return error.UnsupportedModel;
         }
         const c = weights.config;
@@ -252,8 +259,9 @@ pub const GpuModel = struct {
                         .correction = try model.putF32(moe.correction_bias, diag),
                         .gate = undefined,
                         .up = undefined,
-                        .down = try model.grouped(moe.experts, "down", diag),
-                        .shared = if (moe.shared) |*shared| try model.uploadMlp(shared, diag) else null,
+                        .down = try model.grouped(moe.experts, mergedShared(moe), "down", diag),
+                        .shared = if (mergedShared(moe) == null) if (moe.shared) |*shared| try model.uploadMlp(shared, diag) else null else null,
+                        .merged = mergedShared(moe) != null,
                     } },
                 },
             };
@@ -261,7 +269,7 @@ pub const GpuModel = struct {
         for (weights.blocks, model.blocks) |*block, *target| switch (block.ffn) {
             .dense => {},
             .moe => |*moe| {
-                const gate_up = try model.groupedPair(moe.experts, diag);
+                const gate_up = try model.groupedPair(moe.experts, mergedShared(moe), diag);
                 const m = &target.ffn.moe;
                 m.gate = gate_up[0];
                 m.up = gate_up[1];
@@ -344,7 +352,7 @@ pub const GpuModel = struct {
     /// The gate and up projections of all experts in one table: gate entries 0..E-1, up entries
     /// E..2E-1, so that one launch runs both for every (row, selected expert) (tf_route writes the
     /// items' entries). All must share shape, rate and codebook.
-    fn groupedPair(model: *GpuModel, experts: []const weights_mod.Mlp, diag: *Diagnostic) Error![2]GroupedLinear {
+    fn groupedPair(model: *GpuModel, experts: []const weights_mod.Mlp, shared: ?*const weights_mod.Mlp, diag: *Diagnostic) Error![2]GroupedLinear {
         const first = &experts[0].gate;
         const layer0 = switch (first.kind) {
             .exl3 => |*l| l,
@@ -353,10 +361,12 @@ pub const GpuModel = struct {
                 return error.UnsupportedModel;
             },
         };
-        const entries = try model.gpa.alloc(K.Exl3Layer, 2 * experts.len);
+        const per_half = experts.len + @intFromBool(shared != null);
+        const entries = try model.gpa.alloc(K.Exl3Layer, 2 * per_half);
         defer model.gpa.free(entries);
         inline for (.{ "gate", "up" }, 0..) |which, half| {
-            for (experts, entries[half * experts.len ..][0..experts.len], 0..) |*expert, *entry, e| {
+            if (shared) |mlp| entries[half * per_half + experts.len] = try model.exl3Entry(&@field(mlp, which).kind.exl3, @field(mlp, which).out_features, diag);
+            for (experts, entries[half * per_half ..][0..experts.len], 0..) |*expert, *entry, e| {
                 const source = &@field(expert, which);
                 const layer = switch (source.kind) {
                     .exl3 => |*l| l,
@@ -385,11 +395,11 @@ pub const GpuModel = struct {
             .codebook = @backingInt(layer0.codebook),
         };
         var up = gate;
-        up.table = table + experts.len * @sizeOf(K.Exl3Layer);
+        up.table = table + per_half * @sizeOf(K.Exl3Layer);
         return .{ gate, up };
     }
 
-    fn grouped(model: *GpuModel, experts: []const weights_mod.Mlp, comptime which: []const u8, diag: *Diagnostic) Error!GroupedLinear {
+    fn grouped(model: *GpuModel, experts: []const weights_mod.Mlp, shared: ?*const weights_mod.Mlp, comptime which: []const u8, diag: *Diagnostic) Error!GroupedLinear {
         const first = &@field(experts[0], which);
         const layer0 = switch (first.kind) {
             .exl3 => |*l| l,
@@ -398,9 +408,10 @@ pub const GpuModel = struct {
                 return error.UnsupportedModel;
             },
         };
-        const entries = try model.gpa.alloc(K.Exl3Layer, experts.len);
+        const entries = try model.gpa.alloc(K.Exl3Layer, experts.len + @intFromBool(shared != null));
         defer model.gpa.free(entries);
-        for (experts, entries, 0..) |*expert, *entry, e| {
+        if (shared) |mlp| entries[experts.len] = try model.exl3Entry(&@field(mlp, which).kind.exl3, @field(mlp, which).out_features, diag);
+        for (experts, entries[0..experts.len], 0..) |*expert, *entry, e| {
             const source = &@field(expert, which);
             const layer = switch (source.kind) {
                 .exl3 => |*l| l,
@@ -427,7 +438,7 @@ pub const GpuModel = struct {
         const c = model.config;
         const l = model.limits;
         const rows = l.rows_max;
-        const items = rows * c.experts_per_token;
+        const items = rows * model.slots;
         const f = @sizeOf(f32);
         const intermediate = @max(c.intermediate_size, c.moe_intermediate_size * @max(c.shared_experts, 1));
         model.tokens = try model.alloc(rows * 4, diag);
@@ -485,7 +496,7 @@ pub const GpuModel = struct {
     fn allocatePromptScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
         const c = model.config;
         const rows = model.limits.rows_max;
-        const items = rows * c.experts_per_token;
+        const items = rows * model.slots;
         model.row_tables = try model.alloc(row_table_count * rows * 4, diag);
         model.prompt_layers = try model.alloc(items * 4, diag);
         model.step_prompt = false;
@@ -508,7 +519,7 @@ pub const GpuModel = struct {
             switch (block.ffn) {
                 .dense => |*mlp| Note.mlp(&need, mlp, rows),
                 .moe => |*moe| {
-                    if (moe.prompt) need.mlp(items, c.routed_experts, moe.gate.k_p, moe.gate.n_p);
+                    if (moe.prompt) need.mlp(items, c.routed_experts + 1, moe.gate.k_p, moe.gate.n_p);
                     if (moe.shared) |*mlp| Note.mlp(&need, mlp, rows);
                 },
             }
@@ -571,9 +582,9 @@ pub const GpuModel = struct {
             switch (block.ffn) {
                 .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),
                 .moe => |*moe| {
-                    const items = l.rows_max * c.experts_per_token;
-                    Need.add(&need, moe.gate.k_p, moe.gate.n_p, 2 * items, 2 * c.routed_experts);
-                    Need.add(&need, moe.down.k_p, moe.down.n_p, items, c.routed_experts);
+                    const items = l.rows_max * model.slots;
+                    Need.add(&need, moe.gate.k_p, moe.gate.n_p, 2 * items, 2 * (c.routed_experts + 1));
+                    Need.add(&need, moe.down.k_p, moe.down.n_p, items, c.routed_experts + 1);
                     if (moe.shared) |*mlp| Need.mlp(&need, mlp, l.rows_max);
                 },
             }
@@ -875,7 +886,11 @@ pub const GpuModel = struct {
 
     fn runMoe(model: *GpuModel, k: K.Kernels, moe: anytype, rows: usize) Error!void {
         const c = model.config;
-        const items = rows * c.experts_per_token;
+        // Table entries per projection and slots per row: the routed experts, and the shared
+        // expert after them when it is merged.
+        const entries = c.routed_experts + @intFromBool(moe.merged);
+        const slots = c.experts_per_token + @intFromBool(moe.merged);
+        const items = rows * slots;
         const prompt = model.step_prompt and moe.prompt;
         try k.route(.{
             .x = model.normed,
@@ -892,6 +907,7 @@ pub const GpuModel = struct {
             .hidden = c.hidden_size,
             .experts = c.routed_experts,
             .top_k = c.experts_per_token,
+            .slots = slots,
             .groups = c.groups,
             .groups_per_token = c.groups_per_token,
             .normalize = c.norm_topk_prob,
@@ -904,23 +920,23 @@ pub const GpuModel = struct {
         var gate_up = model.exl3Call(g, g.table, g.in_features, width, model.normed, model.gate, 2 * items);
         gate_up.source_rows = model.pair_rows;
         gate_up.layer_of_item = model.pair_layers;
-        gate_up.layers = 2 * c.routed_experts;
+        gate_up.layers = 2 * entries;
         try k.exl3Linear(gate_up);
         const d = moe.down;
         var down = model.exl3Call(d, d.table, d.in_features, d.out_features, model.gate, model.items_out, items);
         down.up = model.gate + items * width * @sizeOf(f32);
         down.layer_of_item = model.route_experts;
-        down.layers = c.routed_experts;
+        down.layers = entries;
         try k.exl3Linear(down);
         if (prompt) {
             try model.launcher(k).runMlp(model.prompt_scratch.?, .{
                 .x = model.normed,
                 .items = items,
-                .items_per_row = c.experts_per_token,
+                .items_per_row = slots,
                 .layer_of_item = model.prompt_layers,
-                .layers = c.routed_experts,
+                .layers = entries,
                 .gate_up = g.table,
-                .up_offset = c.routed_experts,
+                .up_offset = entries,
                 .down = d.table,
                 .hidden = c.hidden_size,
                 .width = width,
@@ -934,9 +950,45 @@ pub const GpuModel = struct {
             try model.runMlp(k, mlp, model.normed, model.shared_out, rows);
             shared = model.shared_out;
         }
-        try k.moeCombine(model.items_out, model.route_weights, shared, model.ffn_out, rows, c.experts_per_token, c.hidden_size);
+        try k.moeCombine(model.items_out, model.route_weights, shared, model.ffn_out, rows, slots, c.hidden_size);
     }
 };
+
+/// The shared expert of `moe` when it can ride in the routed experts' launches: one shared expert
+/// whose three projections are EXL3 of the routed experts' rate, codebook and shape (then its
+/// output is the last slot of each row, weight 1, summed last as before: the same bits).
+/// TF_CUDA_SHARED_MERGE=0 keeps it on its own launches.
+fn mergedShared(moe: *const weights_mod.Moe) ?*const weights_mod.Mlp {
+    const shared = if (moe.shared) |*mlp| mlp else return null;
+    if (moe.experts.len == 0 or envIsZero("TF_CUDA_SHARED_MERGE")) return null;
+    inline for (.{ "gate", "up", "down" }) |which| {
+        const ours = &@field(shared.*, which);
+        const theirs = &@field(moe.experts[0], which);
+        if (ours.kind != .exl3 or theirs.kind != .exl3) return null;
+        const a = &ours.kind.exl3;
+        const b = &theirs.kind.exl3;
+        if (a.rate.bits2 != b.rate.bits2 or a.codebook != b.codebook or a.rows != b.rows or a.columns != b.columns or
+            ours.out_features != theirs.out_features or ours.in_features != theirs.in_features) return null;
+    }
+    return shared;
+}
+
+/// Expert slots per row the model's largest MoE layer uses.
+fn slotsOf(weights: *const weights_mod.Weights) usize {
+    var slots: usize = @max(weights.config.experts_per_token, 1);
+    for (weights.blocks) |*block| switch (block.ffn) {
+        .dense => {},
+        .moe => |*moe| if (mergedShared(moe) != null) {
+            slots = weights.config.experts_per_token + 1;
+        },
+    };
+    return slots;
+}
+
+fn envIsZero(name: [*:0]const u8) bool {
+    const text = std.c.getenv(name) orelse return false;
+    return std.mem.eql(u8, std.mem.span(text), "0");
+}
 
 /// The shape of anything with k_p, n_p, bits2 and codebook (a GroupedLinear, a GpuLinear's exl3).
 fn promptShape(g: anytype) P.Shape {
@@ -945,11 +997,9 @@ fn promptShape(g: anytype) P.Shape {
 
 /// TF_CUDA_PROMPT=0 keeps every row on the GEMV (a comparison switch for tests and benchmarks).
 fn promptOffInEnvironment() bool {
-    const text = std.c.getenv("TF_CUDA_PROMPT") orelse return false;
-    return std.mem.eql(u8, std.mem.span(text), "0");
+    return envIsZero("TF_CUDA_PROMPT");
 }
 
 fn graphsOffInEnvironment() bool {
-    const text = std.c.getenv("TF_CUDA_GRAPHS") orelse return false;
-    return std.mem.eql(u8, std.mem.span(text), "0");
+    return envIsZero("TF_CUDA_GRAPHS");
 }
