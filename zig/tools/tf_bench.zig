@@ -10,7 +10,8 @@
 //!    the engine's kernels (gate/up pair, down with the SwiGLU fused, shared expert, combine):
 //!    - decode at M = 1, 4, 16 rows: 32 calls recorded in one CUDA graph, each call with new expert
 //!      picks and its own copy of the shared expert, so that the weights come from DRAM, not L2;
-//!      the median of 5 replays, per call;
+//!      the median of 5 replays, per call; "grouped" with the shared expert on its own launches,
+//!      "merged" with it in the routed experts' launches as the engine runs it;
 //!    - prefill at M = 512, 2048, 4096 rows on both paths, the median of 3: "grouped" (the GEMV,
 //!      items sorted by expert, each decoded tile serving up to 16 of them) and "fused" (the routed
 //!      and shared experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded
@@ -119,6 +120,9 @@ const top_k = 8;
 /// Copies of the shared expert, one per call in turn, so that it too comes from DRAM.
 const shared_copies = 16;
 const calls = 32;
+/// Slots per row with the shared expert merged, and table entries per merged copy.
+const merged_slots = top_k + 1;
+const merged_entries = 3 * (experts + 1);
 
 /// One MoE layer's experts in device memory: random trellis words (any 16-bit pattern decodes),
 /// suh/svh of ±1.
@@ -131,6 +135,9 @@ const Layer = struct {
     down: Ptr, // Exl3Layer[experts]
     shared_pair: Ptr, // Exl3Layer[2 * shared_copies]
     shared_down: Ptr, // Exl3Layer[shared_copies]
+    /// Per shared copy, the tables of the engine's merged layout: [gate x E, shared gate, up x E,
+    /// shared up, down x E, shared down] (cuda_exl3.zig mergedShared).
+    merged: Ptr,
     projection_bytes: usize,
 
     fn init(gpa: std.mem.Allocator, gpu: *cuda.Gpu, bits: u8, codebook: tf.exl3.Codebook, diag: *Diagnostic) !Layer {
@@ -168,11 +175,25 @@ const Layer = struct {
         layer.down = table + 2 * experts * entry_size;
         layer.shared_pair = table + 3 * experts * entry_size;
         layer.shared_down = layer.shared_pair + 2 * shared_copies * entry_size;
+        const merged = try gpa.alloc(K.Exl3Layer, shared_copies * merged_entries);
+        defer gpa.free(merged);
+        for (0..shared_copies) |c| {
+            const copy = merged[c * merged_entries ..][0..merged_entries];
+            for (0..3) |projection| {
+                const part = copy[projection * (experts + 1) ..][0 .. experts + 1];
+                @memcpy(part[0..experts], entries[projection * experts ..][0..experts]);
+                part[experts] = entries[3 * experts + if (projection < 2) 2 * c + projection else 2 * shared_copies + c];
+            }
+        }
+        layer.merged = try gpu.alloc(merged.len * entry_size, diag);
+        errdefer gpu.free(layer.merged);
+        try gpu.upload(layer.merged, std.mem.sliceAsBytes(merged), diag);
         try gpu.synchronize(diag);
         return layer;
     }
 
     fn deinit(layer: *Layer, gpu: *cuda.Gpu) void {
+        gpu.free(layer.merged);
         gpu.free(layer.gate_up);
         gpu.free(layer.signs);
         gpu.free(layer.words);
@@ -192,9 +213,14 @@ const Layer = struct {
         pair_rows: Ptr,
         route_experts: Ptr,
         route_weights: Ptr,
+        /// The same routing with the shared expert as slot top_k (merged_slots per row).
+        merged_layers: Ptr,
+        merged_rows: Ptr,
+        merged_experts: Ptr,
+        merged_weights: Ptr,
         grouping: K.Grouping,
         prompt: ?P.Scratch,
-        all: [26]Ptr,
+        all: [30]Ptr,
         count: usize,
 
         fn init(gpa: std.mem.Allocator, gpu: *cuda.Gpu, m: usize, variants: usize, random: std.Random, diag: *Diagnostic) !struct { Buffers, f64 } {
@@ -203,17 +229,19 @@ const Layer = struct {
             errdefer b.deinit(gpu);
             const items = m * top_k;
             const f = @sizeOf(f32);
-            const chunk_items: usize = @min(items, 2048 * top_k);
+            // Sized for the merged layout's merged_slots per row, which also holds top_k.
+            const slot_items = m * merged_slots;
+            const chunk_items: usize = @min(slot_items, 2048 * merged_slots);
             b.x = try b.take(gpu, m * hidden * f, diag);
-            b.gate = try b.take(gpu, 2 * items * intermediate * f, diag);
-            b.items_out = try b.take(gpu, items * hidden * f, diag);
+            b.gate = try b.take(gpu, 2 * slot_items * intermediate * f, diag);
+            b.items_out = try b.take(gpu, slot_items * hidden * f, diag);
             b.shared_gate = try b.take(gpu, 2 * m * intermediate * f, diag);
             b.shared_out = try b.take(gpu, m * hidden * f, diag);
             b.ffn_out = try b.take(gpu, m * hidden * f, diag);
             const splits_gate = K.splitsFor(hidden);
             const splits_down = K.splitsFor(intermediate);
             b.acc = try b.take(gpu, @max(splits_gate * 2 * chunk_items * intermediate, splits_down * chunk_items * hidden) * f, diag);
-            const groups = K.groupsMax(2 * chunk_items, 2 * experts);
+            const groups = K.groupsMax(2 * chunk_items, 2 * (experts + 1));
             const counters = @max(K.countersFor(@max(2 * chunk_items, groups), intermediate), K.countersFor(@max(chunk_items, groups), hidden));
             b.grouping = .{
                 .ranks = try b.take(gpu, 2 * chunk_items * 4, diag),
@@ -229,6 +257,10 @@ const Layer = struct {
             b.pair_rows = try b.take(gpu, variants * 2 * items * 4, diag);
             b.route_experts = try b.take(gpu, variants * items * 4, diag);
             b.route_weights = try b.take(gpu, variants * items * f, diag);
+            b.merged_layers = try b.take(gpu, variants * 2 * slot_items * 4, diag);
+            b.merged_rows = try b.take(gpu, variants * 2 * slot_items * 4, diag);
+            b.merged_experts = try b.take(gpu, variants * slot_items * 4, diag);
+            b.merged_weights = try b.take(gpu, variants * slot_items * f, diag);
             b.prompt = null;
             if (m >= 512) {
                 var need: P.Need = .{};
@@ -256,6 +288,14 @@ const Layer = struct {
             defer gpa.free(route_experts);
             const route_weights = try gpa.alloc(f32, variants * items);
             defer gpa.free(route_weights);
+            const merged_layers = try gpa.alloc(i32, variants * 2 * slot_items);
+            defer gpa.free(merged_layers);
+            const merged_rows = try gpa.alloc(i32, variants * 2 * slot_items);
+            defer gpa.free(merged_rows);
+            const merged_experts = try gpa.alloc(i32, variants * slot_items);
+            defer gpa.free(merged_experts);
+            const merged_weights = try gpa.alloc(f32, variants * slot_items);
+            defer gpa.free(merged_weights);
             var distinct_total: usize = 0;
             for (0..variants) |v| {
                 var used = std.StaticBitSet(experts).empty;
@@ -275,6 +315,18 @@ const Layer = struct {
                         pair_rows[pi] = @intCast(row);
                         pair_rows[pi + items] = @intCast(row);
                     }
+                    for (0..merged_slots) |s| {
+                        // The same picks, then the shared expert (entry E, weight 1).
+                        const e: usize = if (s < top_k) @intCast(route_experts[v * items + row * top_k + s]) else experts;
+                        const i = v * slot_items + row * merged_slots + s;
+                        merged_experts[i] = @intCast(e);
+                        merged_weights[i] = if (s < top_k) 1.0 / @as(f32, top_k) else 1.0;
+                        const pi = v * 2 * slot_items + row * merged_slots + s;
+                        merged_layers[pi] = @intCast(e);
+                        merged_layers[pi + slot_items] = @intCast(experts + 1 + e);
+                        merged_rows[pi] = @intCast(row);
+                        merged_rows[pi + slot_items] = @intCast(row);
+                    }
                     used.setUnion(picked);
                 }
                 distinct_total += used.count();
@@ -283,6 +335,10 @@ const Layer = struct {
             try gpu.upload(b.pair_rows, std.mem.sliceAsBytes(pair_rows), diag);
             try gpu.upload(b.route_experts, std.mem.sliceAsBytes(route_experts), diag);
             try gpu.upload(b.route_weights, std.mem.sliceAsBytes(route_weights), diag);
+            try gpu.upload(b.merged_layers, std.mem.sliceAsBytes(merged_layers), diag);
+            try gpu.upload(b.merged_rows, std.mem.sliceAsBytes(merged_rows), diag);
+            try gpu.upload(b.merged_experts, std.mem.sliceAsBytes(merged_experts), diag);
+            try gpu.upload(b.merged_weights, std.mem.sliceAsBytes(merged_weights), diag);
             try gpu.synchronize(diag);
             return .{ b, @as(f64, @floatFromInt(distinct_total)) / @as(f64, @floatFromInt(variants)) };
         }
@@ -407,6 +463,26 @@ const Layer = struct {
         try k.moeCombine(b.items_out, b.route_weights + variant * items * f, b.shared_out, b.ffn_out, m, top_k, hidden);
     }
 
+    /// A decode call as the engine runs it when the shared expert is merged: one gate/up launch and
+    /// one down launch for the routed and shared experts of every row, then the combine.
+    fn enqueueMerged(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize) !void {
+        const f = @sizeOf(f32);
+        const items = m * merged_slots;
+        const entry = @sizeOf(K.Exl3Layer);
+        const table = layer.merged + (call % shared_copies) * merged_entries * entry;
+        var gate_up = layer.launchOf(b, .up_in, table, b.x, b.gate, 2 * items);
+        gate_up.source_rows = b.merged_rows + variant * 2 * items * 4;
+        gate_up.layer_of_item = b.merged_layers + variant * 2 * items * 4;
+        gate_up.layers = 2 * (experts + 1);
+        try k.exl3Linear(gate_up);
+        var down = layer.launchOf(b, .down, table + 2 * (experts + 1) * entry, b.gate, b.items_out, items);
+        down.up = b.gate + items * intermediate * f;
+        down.layer_of_item = b.merged_experts + variant * items * 4;
+        down.layers = experts + 1;
+        try k.exl3Linear(down);
+        try k.moeCombine(b.items_out, b.merged_weights + variant * items * f, 0, b.ffn_out, m, merged_slots, hidden);
+    }
+
     fn report(layer: *const Layer, path: []const u8, m: usize, us: f64, distinct: f64, copy_gbs: f64) void {
         const mb = (distinct + 1) * 3 * @as(f64, @floatFromInt(layer.projection_bytes)) / 1e6;
         const gbs = mb * 1e6 / (us * 1e-6) / 1e9;
@@ -419,24 +495,29 @@ const Layer = struct {
         var made = try Buffers.init(gpa, gpu, m, calls, prng.random(), diag);
         defer made[0].deinit(gpu);
         const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
-        try cuda.gpu.Graph.beginCapture(gpu, diag);
-        for (0..calls) |call| layer.enqueueCall(k, &made[0], m, call, call, null) catch |err| {
-            _ = cuda.gpu.Graph.endCapture(gpu, false, diag) catch {};
-            return err;
-        };
-        var graph = try cuda.gpu.Graph.endCapture(gpu, true, diag);
-        defer graph.destroy(gpu);
-        try graph.launch(gpu, diag); // warm-up
         var timer = try cuda.gpu.Timer.create(gpu, diag);
         defer timer.destroy(gpu);
-        var times: [5]f64 = undefined;
-        for (&times) |*t| {
-            try timer.begin(gpu, diag);
-            try graph.launch(gpu, diag);
-            t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / calls;
+        for ([_]bool{ false, true }) |merged| {
+            try cuda.gpu.Graph.beginCapture(gpu, diag);
+            for (0..calls) |call| {
+                const queued = if (merged) layer.enqueueMerged(k, &made[0], m, call, call) else layer.enqueueCall(k, &made[0], m, call, call, null);
+                queued catch |err| {
+                    _ = cuda.gpu.Graph.endCapture(gpu, false, diag) catch {};
+                    return err;
+                };
+            }
+            var graph = try cuda.gpu.Graph.endCapture(gpu, true, diag);
+            defer graph.destroy(gpu);
+            try graph.launch(gpu, diag); // warm-up
+            var times: [5]f64 = undefined;
+            for (&times) |*t| {
+                try timer.begin(gpu, diag);
+                try graph.launch(gpu, diag);
+                t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / calls;
+            }
+            std.mem.sort(f64, &times, {}, std.sort.asc(f64));
+            layer.report(if (merged) "merged" else "grouped", m, times[2], made[1], copy_gbs);
         }
-        std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-        layer.report("grouped", m, times[2], made[1], copy_gbs);
     }
 
     fn prefill(layer: *const Layer, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prompt_module: *const P.Module, m: usize, copy_gbs: f64, diag: *Diagnostic) !void {
