@@ -1,16 +1,18 @@
 //! The class-A forward on the GPU: the same steps as forward_cpu.zig, on weights uploaded once from
 //! the checked host `Weights`, with the KV cache in device memory. Kernels: glm_forward.cu through
-//! cuda/glm_kernels.zig. Experts take the grouped path: every (row, selected expert) pair is one
-//! item of the EXL3 kernels, reading that expert's trellis in place through a pointer table.
+//! cuda/glm_kernels.zig. Generated rows take the GEMV: experts on the grouped path, every (row,
+//! selected expert) pair one item of the EXL3 kernels reading that expert's trellis in place through
+//! a pointer table, the shared expert merged in as the last slot when it matches the experts.
 //!
-//! Prompt rows of layers the prompt kernels take (cuda/exl3_prompt.zig) run the routed experts on
-//! tensor cores instead, every decoded tile serving up to 64 rows of an expert; generated rows
-//! always take the GEMV, so a row's numbers never depend on its batch.
+//! Prompt rows take the tensor-core prompt kernels (cuda/exl3_prompt.zig) for every EXL3 linear they
+//! can (experts, shared and dense MLPs, attention projections), every decoded tile serving up to 64
+//! rows; generated rows always take the GEMV, so a row's numbers never depend on its batch.
 //!
 //! f32 arithmetic, the trellis decoded per item. Forwards of few rows (decode steps) are recorded
-//! once per (rows, logits rows) as a CUDA graph and replayed: a GLM-4.5-Air step is ~1800 launches,
-//! whose host cost and gaps a replay removes. Sampling stays on the host: the logits of the sampled
-//! rows are copied back.
+//! once per (rows, logits rows, prompt rows present) as a CUDA graph and replayed: a GLM-4.5-Air
+//! step is ~1800 launches, whose host cost and gaps a replay removes. A greedy row crosses to the
+//! host as its logits summary, a row sampled with temperature/top-k/top-p/min-p as the token the
+//! GPU drew (cuda/sampling.zig); other rows' logits are copied back for the host sampler.
 const std = @import("std");
 const core = @import("../../core/root.zig");
 const cuda = @import("../../cuda/root.zig");
