@@ -16,15 +16,7 @@ const Diagnostic = tf.core.Diagnostic;
 const Engine = tf.engine.Engine;
 const safetensors = tf.core.safetensors;
 
-pub const Report = struct {
-    passed: u32 = 0,
-    failed: u32 = 0,
-
-    pub fn check(report: *Report, ok: bool, comptime fmt: []const u8, args: anytype) void {
-        if (ok) report.passed += 1 else report.failed += 1;
-        say("{s} " ++ fmt ++ "\n", .{if (ok) "PASS" else "FAIL"} ++ args);
-    }
-};
+const Report = @import("report.zig").Report;
 
 const say = @import("say.zig").say;
 

@@ -388,6 +388,7 @@ const Layer = struct {
         if (fused) |module| {
             const launcher: P.Launcher = .{ .glm = k, .module = module };
             const shape: P.Shape = .{ .k_p = hidden, .n_p = intermediate, .bits2 = 2 * layer.bits, .codebook = layer.codebook };
+            const down_shape: P.Shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook };
             try launcher.runMlp(b.prompt.?, .{
                 .x = b.x,
                 .items = items,
@@ -400,7 +401,7 @@ const Layer = struct {
                 .hidden = hidden,
                 .width = intermediate,
                 .gate = shape,
-                .down_shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook },
+                .down_shape = down_shape,
                 .y = b.items_out,
             });
             // The shared expert of the prompt rows on the same kernels, as the engine runs it.
@@ -416,7 +417,7 @@ const Layer = struct {
                 .hidden = hidden,
                 .width = intermediate,
                 .gate = shape,
-                .down_shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook },
+                .down_shape = down_shape,
                 .y = b.shared_out,
             });
             return k.moeCombine(b.items_out, b.route_weights + variant * items * f, b.shared_out, b.ffn_out, m, top_k, hidden);

@@ -13,7 +13,7 @@ const exl3 = tf.exl3;
 const Diagnostic = tf.core.Diagnostic;
 
 const glm_exl3 = @import("glm_exl3_suite.zig");
-const Report = glm_exl3.Report;
+const Report = @import("report.zig").Report;
 
 const say = @import("say.zig").say;
 

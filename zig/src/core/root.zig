@@ -9,6 +9,7 @@ pub const Checkpoint = checkpoint.Checkpoint;
 pub const config = @import("config.zig");
 pub const parallel = @import("parallel.zig");
 pub const LogitsSummary = @import("logits_summary.zig").LogitsSummary;
+pub const switches = @import("switches.zig");
 
 test {
     _ = dtype;

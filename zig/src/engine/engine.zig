@@ -254,7 +254,7 @@ pub const Engine = struct {
         engine.sample_jobs = try a.alloc(gpu_sampling.Job, engine.logits_rows_max);
         engine.sample_choices = try a.alloc(gpu_sampling.Choice, engine.logits_rows_max);
         engine.job_of_row = try a.alloc(?u32, engine.logits_rows_max);
-        engine.gpu_sampling = !gpuSamplingOffInEnvironment();
+        engine.gpu_sampling = !core.switches.off("TF_CUDA_SAMPLING");
         engine.gpu_sampled = 0;
     }
 
@@ -616,12 +616,6 @@ pub const Engine = struct {
         }
     }
 };
-
-/// TF_CUDA_SAMPLING=0 samples every row on the host (a comparison switch for tests and benchmarks).
-fn gpuSamplingOffInEnvironment() bool {
-    const text = std.c.getenv("TF_CUDA_SAMPLING") orelse return false;
-    return std.mem.eql(u8, std.mem.span(text), "0");
-}
 
 /// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or no
 /// NCCL); the CPU backend always reduces over TCP.

@@ -91,7 +91,9 @@ pub const Limits = struct {
 const graph_rows_max = 64;
 const graph_slots = 16;
 
-const GraphSlot = struct { rows: usize, wanted: usize, prompt: bool, graph: cuda.gpu.Graph };
+/// A recording is keyed by what changes its launches: rows, logits rows, and which paths run.
+const GraphKey = struct { rows: usize, wanted: usize, prompt: bool, decode: bool };
+const GraphSlot = struct { key: GraphKey, graph: cuda.gpu.Graph };
 const P = cuda.exl3_prompt;
 
 pub const GpuModel = struct {
@@ -102,6 +104,9 @@ pub const GpuModel = struct {
     sample_module: cuda.sampling.Module,
     /// Expert slots per row: experts_per_token, + 1 when a layer merges its shared expert.
     slots: usize,
+    /// The switches (core.switches), read once: prompt kernels and the shared expert's merge.
+    prompt_enabled: bool,
+    merge_shared: bool,
     sample_jobs: Ptr,
     sample_choices: Ptr,
     config: Config,
@@ -148,6 +153,9 @@ pub const GpuModel = struct {
     row_tables: Ptr,
     prompt_layers: Ptr,
     step_prompt: bool,
+    /// Whether this step has generated rows: a chunk of prompt rows alone skips the GEMV launches
+    /// of the linears the prompt kernels take.
+    step_decode: bool,
     route_experts: Ptr,
     route_weights: Ptr,
     route_scratch: Ptr,
@@ -171,9 +179,11 @@ pub const GpuModel = struct {
         model.graph_next = 0;
         model.graph_replays = 0;
         model.prompt_rows = 0;
-        model.graphs_enabled = limits.graphs and !graphsOffInEnvironment();
+        model.graphs_enabled = limits.graphs and !core.switches.off("TF_CUDA_GRAPHS");
+        model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
+        model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
         // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.
-        model.slots = slotsOf(weights);
+        model.slots = slotsOf(weights, model.merge_shared);
         const items_max = 2 * limits.rows_max * model.slots;
         if (items_max > 65535) {
             diag.set("rows_max {d} is too large for the CUDA backend: 2 x rows_max x {d} expert slots = {d} exceeds 65535 items per launch", .{ limits.rows_max, model.slots, items_max });
@@ -256,26 +266,30 @@ pub const GpuModel = struct {
                 .k_norm = if (block.k_norm) |w| try model.putF32(w, diag) else 0,
                 .ffn = switch (block.ffn) {
                     .dense => |*mlp| .{ .dense = try model.uploadMlp(mlp, diag) },
-                    .moe => |*moe| .{ .moe = .{
-                        .router = try model.putF32(moe.router, diag),
-                        .correction = try model.putF32(moe.correction_bias, diag),
-                        .gate = undefined,
-                        .up = undefined,
-                        .down = try model.grouped(moe.experts, mergedShared(moe), "down", diag),
-                        .shared = if (mergedShared(moe) == null) if (moe.shared) |*shared| try model.uploadMlp(shared, diag) else null else null,
-                        .merged = mergedShared(moe) != null,
-                    } },
+                    .moe => |*moe| moe: {
+                        const merged = mergedShared(moe, model.merge_shared);
+                        const apart: ?*const weights_mod.Mlp = if (merged == null) if (moe.shared) |*mlp| mlp else null else null;
+                        break :moe .{ .moe = .{
+                            .router = try model.putF32(moe.router, diag),
+                            .correction = try model.putF32(moe.correction_bias, diag),
+                            .gate = undefined,
+                            .up = undefined,
+                            .down = try model.grouped(moe.experts, merged, "down", diag),
+                            .shared = if (apart) |mlp| try model.uploadMlp(mlp, diag) else null,
+                            .merged = merged != null,
+                        } };
+                    },
                 },
             };
         }
         for (weights.blocks, model.blocks) |*block, *target| switch (block.ffn) {
             .dense => {},
             .moe => |*moe| {
-                const gate_up = try model.groupedPair(moe.experts, mergedShared(moe), diag);
                 const m = &target.ffn.moe;
+                const gate_up = try model.groupedPair(moe.experts, if (m.merged) &moe.shared.? else null, diag);
                 m.gate = gate_up[0];
                 m.up = gate_up[1];
-                m.prompt = !promptOffInEnvironment() and
+                m.prompt = model.prompt_enabled and
                     P.eligibleMlp(promptShape(m.gate), promptShape(m.up), promptShape(m.down), m.gate.out_features);
             },
         };
@@ -335,7 +349,7 @@ pub const GpuModel = struct {
                         .n_p = layer.columns,
                         .bits2 = layer.rate.bits2,
                         .codebook = @backingInt(layer.codebook),
-                        .prompt = !promptOffInEnvironment() and P.ineligible(.{
+                        .prompt = model.prompt_enabled and P.ineligible(.{
                             .k_p = layer.rows,
                             .n_p = layer.columns,
                             .bits2 = layer.rate.bits2,
@@ -502,6 +516,7 @@ pub const GpuModel = struct {
         model.row_tables = try model.alloc(row_table_count * rows * 4, diag);
         model.prompt_layers = try model.alloc(items * 4, diag);
         model.step_prompt = false;
+        model.step_decode = true;
         model.prompt_scratch = null;
         var need: P.Need = .{};
         const Note = struct {
@@ -650,7 +665,7 @@ pub const GpuModel = struct {
         try model.uploadBatch(batch, diag);
         // A rank's reduction runs on the host between launches: it cannot be recorded.
         if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
-            const graph = try model.graphFor(rows, wanted, model.step_prompt, diag);
+            const graph = try model.graphFor(.{ .rows = rows, .wanted = wanted, .prompt = model.step_prompt, .decode = model.step_decode }, diag);
             try graph.launch(&model.gpu, diag);
             model.graph_replays += 1;
         } else {
@@ -661,12 +676,12 @@ pub const GpuModel = struct {
     /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
     /// launch reads its per-step inputs (tokens, positions, page tables, logits rows) from device
     /// buffers that `uploadBatch` refills, so one recording serves every step of that size.
-    fn graphFor(model: *GpuModel, rows: usize, wanted: usize, prompt: bool, diag: *Diagnostic) Error!cuda.gpu.Graph {
+    fn graphFor(model: *GpuModel, key: GraphKey, diag: *Diagnostic) Error!cuda.gpu.Graph {
         for (model.graphs) |slot| if (slot) |entry| {
-            if (entry.rows == rows and entry.wanted == wanted and entry.prompt == prompt) return entry.graph;
+            if (std.meta.eql(entry.key, key)) return entry.graph;
         };
         try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
-        model.enqueue(rows, wanted, null, diag) catch |err| {
+        model.enqueue(key.rows, key.wanted, null, diag) catch |err| {
             _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
             return err;
         };
@@ -674,7 +689,7 @@ pub const GpuModel = struct {
         const slot = &model.graphs[model.graph_next % graph_slots];
         model.graph_next += 1;
         if (slot.*) |*old| old.graph.destroy(&model.gpu);
-        slot.* = .{ .rows = rows, .wanted = wanted, .prompt = prompt, .graph = graph };
+        slot.* = .{ .key = key, .graph = graph };
         return graph;
     }
 
@@ -732,7 +747,9 @@ pub const GpuModel = struct {
         if (c.rotary_dim > 0) try model.gpu.upload(model.cos_sin, std.mem.sliceAsBytes(model.host_cos_sin[0 .. rows * c.rotary_dim]), diag);
         if (batch.logits_rows.len > 0) try model.gpu.upload(model.logits_rows, std.mem.sliceAsBytes(batch.logits_rows), diag);
         model.step_prompt = false;
+        model.step_decode = true;
         if (model.prompt_scratch == null) return;
+        model.step_decode = false;
         const rows_max = model.limits.rows_max;
         const t = model.host_row_tables;
         for (0..rows) |r| {
@@ -743,6 +760,7 @@ pub const GpuModel = struct {
             t[3 * rows_max + r] = if (prompt) -1 else 0;
             t[3 * rows_max + rows + r] = if (prompt) -1 else 1;
             model.step_prompt = model.step_prompt or prompt;
+            model.step_decode = model.step_decode or !prompt;
             model.prompt_rows += @intFromBool(prompt);
         }
         if (model.step_prompt) try model.gpu.upload(model.row_tables, std.mem.sliceAsBytes(t), diag);
@@ -812,7 +830,7 @@ pub const GpuModel = struct {
                     call.layer_of_item = model.rowTable(.gemv);
                     call.layers = 1;
                 }
-                try k.exl3Linear(call);
+                if (!prompt or model.step_decode) try k.exl3Linear(call);
                 if (prompt) try model.launcher(k).runLinear(model.prompt_scratch.?, x, rows, 1, model.rowTable(.prompt), e.table, promptShape(e), linear.in_features, linear.out_features, y);
             },
             .dense => |d| {
@@ -836,12 +854,12 @@ pub const GpuModel = struct {
                 call.layer_of_item = model.rowTable(.pair);
                 call.layers = 2;
             }
-            try k.exl3Linear(call);
+            if (!prompt or model.step_decode) try k.exl3Linear(call);
         } else {
             try model.runLinear(k, &mlp.gate, x, model.gate, rows, 0);
             try model.runLinear(k, &mlp.up, x, up, rows, 0);
         }
-        try model.runDown(k, &mlp.down, model.gate, up, out, rows, prompt);
+        if (!prompt or model.step_decode) try model.runDown(k, &mlp.down, model.gate, up, out, rows, prompt);
         if (prompt) {
             const g = mlp.gate.kind.exl3;
             const d = mlp.down.kind.exl3;
@@ -923,13 +941,15 @@ pub const GpuModel = struct {
         gate_up.source_rows = model.pair_rows;
         gate_up.layer_of_item = model.pair_layers;
         gate_up.layers = 2 * entries;
-        try k.exl3Linear(gate_up);
         const d = moe.down;
         var down = model.exl3Call(d, d.table, d.in_features, d.out_features, model.gate, model.items_out, items);
         down.up = model.gate + items * width * @sizeOf(f32);
         down.layer_of_item = model.route_experts;
         down.layers = entries;
-        try k.exl3Linear(down);
+        if (!prompt or model.step_decode) {
+            try k.exl3Linear(gate_up);
+            try k.exl3Linear(down);
+        }
         if (prompt) {
             try model.launcher(k).runMlp(model.prompt_scratch.?, .{
                 .x = model.normed,
@@ -959,10 +979,10 @@ pub const GpuModel = struct {
 /// The shared expert of `moe` when it can ride in the routed experts' launches: one shared expert
 /// whose three projections are EXL3 of the routed experts' rate, codebook and shape (then its
 /// output is the last slot of each row, weight 1, summed last as before: the same bits).
-/// TF_CUDA_SHARED_MERGE=0 keeps it on its own launches.
-fn mergedShared(moe: *const weights_mod.Moe) ?*const weights_mod.Mlp {
+/// `allowed`: the TF_CUDA_SHARED_MERGE switch.
+fn mergedShared(moe: *const weights_mod.Moe, allowed: bool) ?*const weights_mod.Mlp {
     const shared = if (moe.shared) |*mlp| mlp else return null;
-    if (moe.experts.len == 0 or envIsZero("TF_CUDA_SHARED_MERGE")) return null;
+    if (!allowed or moe.experts.len == 0) return null;
     inline for (.{ "gate", "up", "down" }) |which| {
         const ours = &@field(shared.*, which);
         const theirs = &@field(moe.experts[0], which);
@@ -976,20 +996,15 @@ fn mergedShared(moe: *const weights_mod.Moe) ?*const weights_mod.Mlp {
 }
 
 /// Expert slots per row the model's largest MoE layer uses.
-fn slotsOf(weights: *const weights_mod.Weights) usize {
+fn slotsOf(weights: *const weights_mod.Weights, merge_shared: bool) usize {
     var slots: usize = @max(weights.config.experts_per_token, 1);
     for (weights.blocks) |*block| switch (block.ffn) {
         .dense => {},
-        .moe => |*moe| if (mergedShared(moe) != null) {
+        .moe => |*moe| if (mergedShared(moe, merge_shared) != null) {
             slots = weights.config.experts_per_token + 1;
         },
     };
     return slots;
-}
-
-fn envIsZero(name: [*:0]const u8) bool {
-    const text = std.c.getenv(name) orelse return false;
-    return std.mem.eql(u8, std.mem.span(text), "0");
 }
 
 /// The shape of anything with k_p, n_p, bits2 and codebook (a GroupedLinear, a GpuLinear's exl3).
@@ -997,11 +1012,3 @@ fn promptShape(g: anytype) P.Shape {
     return .{ .k_p = g.k_p, .n_p = g.n_p, .bits2 = g.bits2, .codebook = g.codebook };
 }
 
-/// TF_CUDA_PROMPT=0 keeps every row on the GEMV (a comparison switch for tests and benchmarks).
-fn promptOffInEnvironment() bool {
-    return envIsZero("TF_CUDA_PROMPT");
-}
-
-fn graphsOffInEnvironment() bool {
-    return envIsZero("TF_CUDA_GRAPHS");
-}
