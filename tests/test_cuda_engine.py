@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import relative_l2, within
-from glm_fixtures import checkpoint_dir, prompts, reference_greedy, reference_logits
+from glm_fixtures import checkpoint_dir, model_config, prompts, reference_greedy, reference_logits
 
 import trellisforge
 
@@ -183,3 +183,24 @@ def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
         run = [[(e.token, e.logprob) for e in engine.stream(tokens, 12, temperature=0.8, seed=4, stop_token_ids=[])]
                for engine in (merged, apart)]
         assert run[0] == run[1] and len(run[0]) == 12, name
+
+
+def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkeypatch):
+    """Steps of up to 64 rows run attention a block per (row, KV head, split) and fold the splits
+    after (flash-decoding); TF_CUDA_ATTENTION_SPREAD=0 runs one block per (row, KV head) folding
+    the same splits itself. A 1500-token prompt in 64-row chunks (every position in all 16 splits of
+    its row) and the tokens generated after it are the same bits both ways, and match the CPU."""
+    rng = np.random.default_rng(5)
+    config = model_config("3.0")
+    prompt = [int(t) for t in rng.integers(10, config["vocab_size"], 1500)]
+    spread = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    monkeypatch.setenv("TF_CUDA_ATTENTION_SPREAD", "0")
+    whole = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    cpu = trellisforge.Engine(checkpoint_dir("3.0"), backend="cpu", max_seqs=2)
+    on_spread = spread.logits(prompt)
+    assert np.array_equal(on_spread.view(np.uint32), whole.logits(prompt).view(np.uint32))
+    on_cpu = cpu.logits(prompt)
+    within(max(relative_l2(on_spread[t], on_cpu[t]) for t in range(len(prompt))), TOL_GPU_VS_CPU, "1500-token prompt, spread attention vs CPU")
+    run = [[(e.token, e.logprob) for e in engine.stream(prompt, 12, temperature=0.8, seed=4, stop_token_ids=[])]
+           for engine in (spread, whole)]
+    assert run[0] == run[1] and len(run[0]) == 12

@@ -82,11 +82,11 @@ def test_gpu_forward_of_a_synthetic_model_matches_cpu(tiny):
 
 def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
     from trellisforge import bench_engine
-    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3"])
+    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3", "--decode-context", "40"])
     table = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in table if line.split()[:1] in (["prefill"], ["decode"])]
     assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8), ("decode", 1, 2)]
-    assert [r[5:] for r in rows] == [["rows_max", "256"], ["greedy"], ["greedy"], ["t0.7p0.95"]]
+    assert [r[5:] for r in rows] == [["rows_max", "256"]] + [[s, "context", "40"] for s in ("greedy,", "greedy,", "t0.7p0.95,")]
     assert all(float(r[4]) > 0 for r in rows)
 
 

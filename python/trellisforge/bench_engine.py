@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks as processes on loopback (MODEL_DIR only)")
+    parser.add_argument("--decode-context", type=int, default=16, help="prompt tokens before each decode stream: the context its attention reads")
+    parser.add_argument("--max-seqs", type=int, default=8, help="sequences the engine holds (its KV pages: max-seqs x ctx tokens)")
+    parser.add_argument("--ctx", type=int, default=0, help="the engine's context limit (0: the model's, capped at 8192)")
     parser.add_argument("--rows-max", type=int, default=256, help="rows per forward: the prompt's chunk size")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
@@ -40,24 +43,24 @@ def main(argv: list[str] | None = None) -> None:
     workers = []
     load_start = time.perf_counter()
     if args.synthetic:
-        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=8, rows_max=args.rows_max)
+        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx)
     elif args.tp > 1:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             master = f"127.0.0.1:{probe.getsockname()[1]}"
         code = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
         workers = [subprocess.Popen([sys.executable, "-c", code, args.model_dir, str(rank), master]) for rank in range(1, args.tp)]
-        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8, tp_world=args.tp, tp_master=master, rows_max=args.rows_max)
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, tp_world=args.tp, tp_master=master, rows_max=args.rows_max, ctx=args.ctx)
     else:
-        engine = Engine(args.model_dir, backend=args.backend, max_seqs=8, rows_max=args.rows_max)
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx)
     load_seconds = time.perf_counter() - load_start
     rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(10, engine.vocab_size, args.prompt_tokens)]
+    prompt = [int(t) for t in rng.integers(10, engine.vocab_size, max(args.prompt_tokens, args.decode_context))]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
     rows = []
     # Prefill as a request sees it: the prompt in chunks of rows_max rows, logits for its last row
     # only, until the first token (time to first token).
-    engine.add(prompt, Sampling(max_tokens=1), stop_token_ids=[])
+    engine.add(prompt[:args.prompt_tokens], Sampling(max_tokens=1), stop_token_ids=[])
     start = time.perf_counter()
     while not engine.step():
         pass
@@ -72,14 +75,16 @@ def main(argv: list[str] | None = None) -> None:
         if sampling != "greedy":
             params = Sampling(max_tokens=args.decode_tokens, temperature=0.7, top_p=0.95, seed=1)
         for _ in range(streams):
-            engine.add(prompt[:16], params, stop_token_ids=[])
-        engine.step()  # the prompts' step
+            engine.add(prompt[:args.decode_context], params, stop_token_ids=[])
+        produced = 0
+        while produced < streams:  # the prompts' steps, up to each stream's first token
+            produced += len(engine.step())
         produced = 0
         start = time.perf_counter()
         while engine.stats()["sequences_live"]:
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
-        rows.append(("decode", streams, produced, elapsed, produced / elapsed, sampling))
+        rows.append(("decode", streams, produced, elapsed, produced / elapsed, f"{sampling}, context {args.decode_context}"))
     engine.close()
     for worker in workers:
         worker.wait(timeout=60)

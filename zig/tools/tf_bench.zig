@@ -1,7 +1,7 @@
 //! tf-bench: this GPU's ceilings and the EXL3 expert kernels, as tables (a benchmark, not a test;
 //! docs/measurements.md records runs).
 //!
-//!   tf-bench [--quick]
+//!   tf-bench [--quick] [--attention]   (--attention: the ceilings and the attention table only)
 //!
 //! 1. Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written per second.
 //! 2. The mma.sync rate (m16n8k16, f16 and bf16 inputs, f32 accumulate).
@@ -17,6 +17,7 @@
 //!      and shared experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded
 //!      tile serving up to 64 rows, as the engine runs a prompt).
 //!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
+//! 4. Attention of one GLM-4.5-Air layer at contexts of 2k, 8k and 32k tokens (attention_bench.zig).
 //! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
 const std = @import("std");
 const tf = @import("trellisforge");
@@ -27,13 +28,15 @@ const P = cuda.exl3_prompt;
 const Ptr = cuda.gpu.DevicePtr;
 
 const say = @import("say.zig").say;
+const attention_bench = @import("attention_bench.zig");
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
     var quick = false;
+    var attention_only = false;
     for (args[1..]) |arg| {
-        if (std.mem.eql(u8, arg, "--quick")) quick = true else {
-            say("usage: tf-bench [--quick]\n", .{});
+        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else {
+            say("usage: tf-bench [--quick] [--attention]\n", .{});
             return 2;
         }
     }
@@ -44,14 +47,14 @@ pub fn main(init: std.process.Init) u8 {
     };
     defer gpu.close();
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
-    run(init.gpa, &gpu, quick, &diag) catch |err| {
+    run(init.gpa, &gpu, quick, attention_only, &diag) catch |err| {
         say("tf-bench failed: {t}: {s}\n", .{ err, diag.message() });
         return 1;
     };
     return 0;
 }
 
-fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, diag: *Diagnostic) !void {
+fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, attention_only: bool, diag: *Diagnostic) !void {
     const copy_gbs = try copyBandwidth(gpu, diag);
     say("\ncopy bandwidth (1 GiB device to device, read + written): {d:.0} GB/s\n", .{copy_gbs});
     try mmaRate(gpu, diag);
@@ -60,6 +63,8 @@ fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, diag: *Diagnostic) !
     defer module.unload(gpu);
     var prompt_module = try P.load(gpu, diag);
     defer prompt_module.unload(gpu);
+    try attention_bench.run(gpa, gpu, &module, copy_gbs, quick, diag);
+    if (attention_only) return;
     say("\nexperts of one GLM-4.5-Air MoE layer (128 x [4096 -> 1408 -> 4096], top-8 + 1 shared)\n", .{});
     say("{s:<6} {s:<6} {s:<8} {s:>6} {s:>10} {s:>9} {s:>9} {s:>8}\n", .{ "bits", "cb", "path", "M", "us/layer", "MB read", "GB/s", "% copy" });
     const configs = [_]struct { bits: u8, codebook: tf.exl3.Codebook }{

@@ -12,6 +12,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_embed",            "tf_rmsnorm",           "tf_add",              "tf_swiglu",       "tf_gather_rows",
     "tf_exl3_item_linear", "tf_exl3_group_linear", "tf_exl3_group_items", "tf_dense_matmul", "tf_qk_rope_store",
     "tf_attention",        "tf_route_logits",      "tf_route",            "tf_moe_combine",  "tf_logits_summary",
+    "tf_attention_combine",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -237,20 +238,44 @@ pub const Kernels = struct {
     /// Attention's limits on the head (kAttentionPitch in glm_forward.cu).
     pub const attention_head_dim_max = 128;
 
-    /// out = attention of q over the cache: a block per (row, KV head) with a warp per query head
-    /// of the group, up to 16 warps.
-    pub fn attention(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv) Error!void {
+    /// Splits of a row's positions (kAttentionSplits in glm_forward.cu): fixed, so that a row's
+    /// attention depends on its length alone.
+    pub const attention_splits = 16;
+
+    /// Device scratch for the partials of attention spread over splits, rows × heads × splits of
+    /// (head_dim accumulators, max, sum).
+    pub const AttentionParts = struct {
+        acc: Ptr,
+        ml: Ptr,
+
+        pub fn floats(rows: usize, heads: usize, head_dim: usize) struct { acc: usize, ml: usize } {
+            return .{ .acc = rows * heads * attention_splits * head_dim, .ml = rows * heads * attention_splits * 2 };
+        }
+    };
+
+    /// out = attention of q over the cache, a warp per query head of a KV head's group (up to 16).
+    /// With `parts`, a block per (row, KV head, split) and a fold of the splits after it: a decode
+    /// step's few rows fill the GPU. Without, a block per (row, KV head) runs and folds every split
+    /// itself. Both give the same bits (tf_attention in glm_forward.cu).
+    pub fn attention(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, parts: ?AttentionParts) Error!void {
         std.debug.assert(kv.head_dim <= attention_head_dim_max and kv.head_dim % 4 == 0);
+        const p = parts orelse AttentionParts{ .acc = 0, .ml = 0 };
         var a = .{
-            q,                                 kv.cache_k,                       kv.cache_v,                        kv.positions,
-            kv.tables,                         kv.table_offsets,                 out,                               @as(c_int, @intCast(kv.rows)),
-            @as(c_int, @intCast(kv.heads)),    @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)),
-            @as(c_int, @intCast(kv.layer)),    @as(c_int, @intCast(kv.page_tokens)),
+            q,                                 kv.cache_k,                        kv.cache_v,                     kv.positions,
+            kv.tables,                         kv.table_offsets,                  out,                            p.acc,
+            p.ml,                              @as(c_int, @intCast(kv.rows)),     @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.kv_heads)),
+            @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)),   @as(c_int, @intCast(kv.layer)), @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         const warps: u32 = @intCast(@min(kv.heads / kv.kv_heads, 16));
-        try k.run("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), 1, 1 }, 32 * warps, ptrs);
+        const splits: u32 = if (parts == null) 1 else attention_splits;
+        try k.run("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, 32 * warps, ptrs);
+        if (parts == null) return;
+        var c = .{ p.acc, p.ml, kv.positions, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
+        var cptrs: [c.len]*anyopaque = undefined;
+        inline for (0..c.len) |i| cptrs[i] = @ptrCast(&c[i]);
+        try k.run("tf_attention_combine", .{ blocks(kv.rows * kv.heads * kv.head_dim / 4, 128), 1, 1 }, 128, cptrs);
     }
 
     pub const Route = struct {

@@ -137,6 +137,10 @@ pub const GpuModel = struct {
     k: Ptr,
     v: Ptr,
     attention_out: Ptr,
+    /// Steps of at most `attention_spread_rows` rows run attention a block per split, folded after
+    /// (the same bits as a block per row: tf_attention); 0 when TF_CUDA_ATTENTION_SPREAD=0.
+    attention_parts: K.Kernels.AttentionParts,
+    attention_spread_rows: usize,
     projected: Ptr,
     ffn_out: Ptr,
     gate: Ptr,
@@ -469,6 +473,9 @@ pub const GpuModel = struct {
         model.k = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
         model.v = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
         model.attention_out = try model.alloc(rows * c.heads * c.head_dim * f, diag);
+        model.attention_spread_rows = if (core.switches.off("TF_CUDA_ATTENTION_SPREAD")) 0 else @min(rows, graph_rows_max);
+        const parts = K.Kernels.AttentionParts.floats(model.attention_spread_rows, c.heads, c.head_dim);
+        model.attention_parts = .{ .acc = try model.alloc(@max(parts.acc, 1) * f, diag), .ml = try model.alloc(@max(parts.ml, 1) * f, diag) };
         model.projected = try model.alloc(rows * c.hidden_size * f, diag);
         model.ffn_out = try model.alloc(rows * c.hidden_size * f, diag);
         // Gate outputs of all items, then their up outputs (one launch writes both).
@@ -795,7 +802,7 @@ pub const GpuModel = struct {
             .rotary_dim = c.rotary_dim,
             .eps = c.rms_norm_eps,
         }, kv);
-        try k.attention(model.q, model.attention_out, kv);
+        try k.attention(model.q, model.attention_out, kv, if (rows <= model.attention_spread_rows) model.attention_parts else null);
         try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);
     }
 

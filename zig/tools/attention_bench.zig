@@ -1,0 +1,130 @@
+//! tf-bench's attention table: tf_attention on one GLM-4.5-Air-shaped layer (96 query heads, 8 KV
+//! heads, head_dim 128, f32 K and V in 16-token pages) as the engine launches it.
+//!   - decode: M = 1 and 4 rows, each its own sequence of `context` tokens, a block per (row, KV
+//!     head) ("whole") and a block per (row, KV head, split) then the fold ("spread", what the
+//!     engine runs for steps of up to 64 rows); the KV bytes every row reads, per second, against
+//!     the copy bandwidth.
+//!   - prefill: the last 1024 rows of a `context`-token prompt in one chunk (a block per row and KV
+//!     head): its cost grows with the square of the context. "KV MB read" counts what the blocks
+//!     read (mostly from L2), so its rate may pass the copy bandwidth.
+//! The median of 3 timings of `repeats` launches each.
+const std = @import("std");
+const tf = @import("trellisforge");
+const cuda = tf.cuda;
+const Diagnostic = tf.core.Diagnostic;
+const K = cuda.glm_kernels;
+const Ptr = cuda.gpu.DevicePtr;
+
+const say = @import("say.zig").say;
+
+const heads = 96;
+const kv_heads = 8;
+const head_dim = 128;
+const page_tokens = 16;
+const decode_rows_max = 4;
+const prefill_rows = 1024;
+const contexts = [_]usize{ 2048, 8192, 32768 };
+
+pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy_gbs: f64, quick: bool, diag: *Diagnostic) !void {
+    const context_max = contexts[contexts.len - 1];
+    const pages = decode_rows_max * context_max / page_tokens;
+    const cache_bytes = pages * kv_heads * page_tokens * head_dim * 4;
+    var b: Buffers = undefined;
+    b.cache_k = try gpu.alloc(cache_bytes, diag);
+    defer gpu.free(b.cache_k);
+    b.cache_v = try gpu.alloc(cache_bytes, diag);
+    defer gpu.free(b.cache_v);
+    try gpu.zero(b.cache_k, cache_bytes, diag);
+    try gpu.zero(b.cache_v, cache_bytes, diag);
+    const q_bytes = prefill_rows * heads * head_dim * 4;
+    b.q = try gpu.alloc(q_bytes, diag);
+    defer gpu.free(b.q);
+    try gpu.zero(b.q, q_bytes, diag);
+    b.out = try gpu.alloc(q_bytes, diag);
+    defer gpu.free(b.out);
+    const parts = K.Kernels.AttentionParts.floats(decode_rows_max, heads, head_dim);
+    b.parts = .{ .acc = try gpu.alloc(parts.acc * 4, diag), .ml = try gpu.alloc(parts.ml * 4, diag) };
+    defer gpu.free(b.parts.acc);
+    defer gpu.free(b.parts.ml);
+    b.positions = try gpu.alloc(prefill_rows * 4, diag);
+    defer gpu.free(b.positions);
+    b.table_offsets = try gpu.alloc(prefill_rows * 4, diag);
+    defer gpu.free(b.table_offsets);
+    b.tables = try gpu.alloc(pages * 4, diag);
+    defer gpu.free(b.tables);
+    const table = try gpa.alloc(u32, pages);
+    defer gpa.free(table);
+    for (table, 0..) |*page, i| page.* = @intCast(i);
+    try gpu.upload(b.tables, std.mem.sliceAsBytes(table), diag);
+
+    say("\nattention of one GLM-4.5-Air layer ({d} query heads, {d} KV heads, head_dim {d}, f32 KV)\n", .{ heads, kv_heads, head_dim });
+    say("{s:<8} {s:<7} {s:>6} {s:>8} {s:>10} {s:>10} {s:>9} {s:>8}\n", .{ "phase", "mode", "M", "context", "us/layer", "KV MB read", "GB/s", "% copy" });
+    for (contexts, 0..) |context, i| {
+        if (quick and i > 0) break;
+        for ([_]usize{ 1, decode_rows_max }) |rows| {
+            for ([_]bool{ false, true }) |spread| try b.time(gpa, gpu, module, .decode, rows, context, spread, copy_gbs, diag);
+        }
+    }
+    for (contexts, 0..) |context, i| {
+        if (quick and i > 0) break;
+        try b.time(gpa, gpu, module, .prefill, prefill_rows, context, false, copy_gbs, diag);
+    }
+}
+
+const Buffers = struct {
+    cache_k: Ptr,
+    cache_v: Ptr,
+    q: Ptr,
+    out: Ptr,
+    parts: K.Kernels.AttentionParts,
+    positions: Ptr,
+    tables: Ptr,
+    table_offsets: Ptr,
+
+    fn time(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, phase: enum { decode, prefill }, rows: usize, context: usize, spread: bool, copy_gbs: f64, diag: *Diagnostic) !void {
+        const positions = try gpa.alloc(u32, rows);
+        defer gpa.free(positions);
+        const offsets = try gpa.alloc(u32, rows);
+        defer gpa.free(offsets);
+        var tokens_read: usize = 0;
+        for (positions, offsets, 0..) |*position, *offset, r| {
+            // Decode: row r is the newest token of sequence r. Prefill: the chunk's rows are the
+            // last positions of sequence 0.
+            position.* = @intCast(if (phase == .decode) context - 1 else context - rows + r);
+            offset.* = @intCast(if (phase == .decode) r * context / page_tokens else 0);
+            tokens_read += position.* + 1;
+        }
+        try gpu.upload(b.positions, std.mem.sliceAsBytes(positions), diag);
+        try gpu.upload(b.table_offsets, std.mem.sliceAsBytes(offsets), diag);
+        const kv: K.Kernels.PagedKv = .{
+            .cache_k = b.cache_k,
+            .cache_v = b.cache_v,
+            .positions = b.positions,
+            .tables = b.tables,
+            .table_offsets = b.table_offsets,
+            .rows = rows,
+            .heads = heads,
+            .kv_heads = kv_heads,
+            .head_dim = head_dim,
+            .layers = 1,
+            .layer = 0,
+            .page_tokens = page_tokens,
+        };
+        const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
+        const parts: ?K.Kernels.AttentionParts = if (spread) b.parts else null;
+        const repeats: usize = if (phase == .decode) 20 else 2;
+        try k.attention(b.q, b.out, kv, parts); // warm-up
+        var timer = try cuda.gpu.Timer.create(gpu, diag);
+        defer timer.destroy(gpu);
+        var times: [3]f64 = undefined;
+        for (&times) |*t| {
+            try timer.begin(gpu, diag);
+            for (0..repeats) |_| try k.attention(b.q, b.out, kv, parts);
+            t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / @as(f64, @floatFromInt(repeats));
+        }
+        std.mem.sort(f64, &times, {}, std.sort.asc(f64));
+        const mb = @as(f64, @floatFromInt(tokens_read * kv_heads * head_dim * 2 * 4)) / 1e6;
+        const gbs = mb * 1e6 / (times[1] * 1e-6) / 1e9;
+        say("{s:<8} {s:<7} {d:>6} {d:>8} {d:>10.1} {d:>10.1} {d:>9.0} {d:>7.1}%\n", .{ @tagName(phase), if (spread) "spread" else "whole", rows, context, times[1], mb, gbs, 100 * gbs / copy_gbs });
+    }
+};
