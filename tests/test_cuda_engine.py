@@ -186,13 +186,16 @@ def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
 
 
 def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkeypatch):
-    """Steps of up to 64 rows run attention a block per (row, KV head, split) and fold the splits
+    """Steps of up to 64 rows run tf_attention a block per (row, KV head, split) and fold the splits
     after (flash-decoding); TF_CUDA_ATTENTION_SPREAD=0 runs one block per (row, KV head) folding
-    the same splits itself. A 1500-token prompt in 64-row chunks (every position in all 16 splits of
-    its row) and the tokens generated after it are the same bits both ways, and match the CPU."""
+    the same splits itself. A 1500-token prompt in 64-row chunks on tf_attention (every row in all
+    16 splits) and the tokens generated after it are the same bits both ways, and match the CPU;
+    the prompt on the tensor-core prompt attention (the default) matches the CPU too."""
     rng = np.random.default_rng(5)
     config = model_config("3.0")
     prompt = [int(t) for t in rng.integers(10, config["vocab_size"], 1500)]
+    tiled = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    monkeypatch.setenv("TF_CUDA_PROMPT_ATTENTION", "0")
     spread = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
     monkeypatch.setenv("TF_CUDA_ATTENTION_SPREAD", "0")
     whole = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
@@ -201,6 +204,22 @@ def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkey
     assert np.array_equal(on_spread.view(np.uint32), whole.logits(prompt).view(np.uint32))
     on_cpu = cpu.logits(prompt)
     within(max(relative_l2(on_spread[t], on_cpu[t]) for t in range(len(prompt))), TOL_GPU_VS_CPU, "1500-token prompt, spread attention vs CPU")
+    on_tiles = tiled.logits(prompt)
+    within(max(relative_l2(on_tiles[t], on_cpu[t]) for t in range(len(prompt))), TOL_GPU_VS_CPU, "1500-token prompt, prompt attention vs CPU")
     run = [[(e.token, e.logprob) for e in engine.stream(prompt, 12, temperature=0.8, seed=4, stop_token_ids=[])]
            for engine in (spread, whole)]
     assert run[0] == run[1] and len(run[0]) == 12
+
+
+def test_prompt_attention_rows_keep_their_bits_in_any_tile(monkeypatch):
+    """tf_attention_prompt tiles up to 16 rows of one sequence; a row's bits do not depend on its
+    tile: two prompts prefilled together in 64-row chunks equal each prompt alone in 7-row chunks."""
+    rng = np.random.default_rng(6)
+    config = model_config("3.0")
+    a = [int(t) for t in rng.integers(10, config["vocab_size"], 300)]
+    b = [int(t) for t in rng.integers(10, config["vocab_size"], 77)]
+    big = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    small = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=7)
+    together = big.logits_batch([a, b])
+    for tokens, batched in zip((a, b), together):
+        assert np.array_equal(small.logits(tokens).view(np.uint32), batched.view(np.uint32))

@@ -76,14 +76,18 @@ def main(argv: list[str] | None = None) -> None:
             params = Sampling(max_tokens=args.decode_tokens, temperature=0.7, top_p=0.95, seed=1)
         for _ in range(streams):
             engine.add(prompt[:args.decode_context], params, stop_token_ids=[])
-        produced = 0
-        while produced < streams:  # the prompts' steps, up to each stream's first token
-            produced += len(engine.step())
+        # Timed: the steps in which every stream decodes, from the last stream's first token (long
+        # prompts prefill in turn) until the first stream ends.
+        started = set()
+        while len(started) < streams:
+            started.update(event.sequence_id for event in engine.step())
         produced = 0
         start = time.perf_counter()
-        while engine.stats()["sequences_live"]:
+        while engine.stats()["sequences_live"] == streams:
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
+        while engine.stats()["sequences_live"]:
+            engine.step()
         rows.append(("decode", streams, produced, elapsed, produced / elapsed, f"{sampling}, context {args.decode_context}"))
     engine.close()
     for worker in workers:

@@ -90,7 +90,7 @@ fn fatbin(
     // PTX of the newest arch lets a later GPU JIT the kernels instead of failing to load them.
     run.addArg(b.fmt("-gencode=arch=compute_{s},code=compute_{s}", .{ newest, newest }));
     run.addPrefixedDirectoryArg("-I", b.path("zig/kernels/cuda"));
-    for ([_][]const u8{ "exl3_codebook.cuh", "exl3_trellis.cuh", "exl3_gemv.cuh", "exl3_tile_decode.cuh", "exl3_hadamard.cuh", "exl3_prompt.cuh" }) |header| {
+    for ([_][]const u8{ "exl3_codebook.cuh", "exl3_trellis.cuh", "exl3_gemv.cuh", "exl3_tile_decode.cuh", "exl3_hadamard.cuh", "exl3_prompt.cuh", "mma.cuh", "attention_prompt.cuh" }) |header| {
         run.addFileInput(b.path(b.fmt("zig/kernels/cuda/{s}", .{header})));
     }
     run.addArg("-o");

@@ -4,9 +4,11 @@
 //!     head) ("whole") and a block per (row, KV head, split) then the fold ("spread", what the
 //!     engine runs for steps of up to 64 rows); the KV bytes every row reads, per second, against
 //!     the copy bandwidth.
-//!   - prefill: the last 1024 rows of a `context`-token prompt in one chunk (a block per row and KV
-//!     head): its cost grows with the square of the context. "KV MB read" counts what the blocks
-//!     read (mostly from L2), so its rate may pass the copy bandwidth.
+//!   - prefill: the last 1024 rows of a `context`-token prompt in one chunk, on tf_attention ("whole",
+//!     a block per row and KV head) and on the tensor-core prompt attention ("tiles", a block per
+//!     16 rows and 4 query heads, what the engine runs for prompt rows). Its cost grows with the
+//!     square of the context. "KV MB read" counts what one row per block would read (mostly from
+//!     L2), so its rate may pass the copy bandwidth; the tiles read a twelfth of it.
 //! The median of 3 timings of `repeats` launches each.
 const std = @import("std");
 const tf = @import("trellisforge");
@@ -50,6 +52,13 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
     defer gpu.free(b.positions);
     b.table_offsets = try gpu.alloc(prefill_rows * 4, diag);
     defer gpu.free(b.table_offsets);
+    b.tiles = try gpu.alloc((1 + 2 * prefill_rows) * 4, diag);
+    defer gpu.free(b.tiles);
+    var tile_table: [1 + 2 * prefill_rows]i32 = undefined;
+    var tiles = K.Kernels.AttentionTiles.init(&tile_table);
+    for (0..prefill_rows) |r| tiles.add(r, @intCast(r), 0);
+    try gpu.upload(b.tiles, std.mem.sliceAsBytes(tile_table[0 .. 1 + 2 * tiles.count]), diag);
+    b.tile_count = tiles.count;
     b.tables = try gpu.alloc(pages * 4, diag);
     defer gpu.free(b.tables);
     const table = try gpa.alloc(u32, pages);
@@ -62,14 +71,16 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
     for (contexts, 0..) |context, i| {
         if (quick and i > 0) break;
         for ([_]usize{ 1, decode_rows_max }) |rows| {
-            for ([_]bool{ false, true }) |spread| try b.time(gpa, gpu, module, .decode, rows, context, spread, copy_gbs, diag);
+            for ([_]Mode{ .whole, .spread }) |mode| try b.time(gpa, gpu, module, .decode, rows, context, mode, copy_gbs, diag);
         }
     }
     for (contexts, 0..) |context, i| {
         if (quick and i > 0) break;
-        try b.time(gpa, gpu, module, .prefill, prefill_rows, context, false, copy_gbs, diag);
+        for ([_]Mode{ .whole, .tiles }) |mode| try b.time(gpa, gpu, module, .prefill, prefill_rows, context, mode, copy_gbs, diag);
     }
 }
+
+const Mode = enum { whole, spread, tiles };
 
 const Buffers = struct {
     cache_k: Ptr,
@@ -80,8 +91,10 @@ const Buffers = struct {
     positions: Ptr,
     tables: Ptr,
     table_offsets: Ptr,
+    tiles: Ptr,
+    tile_count: usize,
 
-    fn time(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, phase: enum { decode, prefill }, rows: usize, context: usize, spread: bool, copy_gbs: f64, diag: *Diagnostic) !void {
+    fn time(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, phase: enum { decode, prefill }, rows: usize, context: usize, mode: Mode, copy_gbs: f64, diag: *Diagnostic) !void {
         const positions = try gpa.alloc(u32, rows);
         defer gpa.free(positions);
         const offsets = try gpa.alloc(u32, rows);
@@ -111,20 +124,27 @@ const Buffers = struct {
             .page_tokens = page_tokens,
         };
         const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
-        const parts: ?K.Kernels.AttentionParts = if (spread) b.parts else null;
         const repeats: usize = if (phase == .decode) 20 else 2;
-        try k.attention(b.q, b.out, kv, parts); // warm-up
+        try b.launch(k, kv, mode); // warm-up
         var timer = try cuda.gpu.Timer.create(gpu, diag);
         defer timer.destroy(gpu);
         var times: [3]f64 = undefined;
         for (&times) |*t| {
             try timer.begin(gpu, diag);
-            for (0..repeats) |_| try k.attention(b.q, b.out, kv, parts);
+            for (0..repeats) |_| try b.launch(k, kv, mode);
             t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / @as(f64, @floatFromInt(repeats));
         }
         std.mem.sort(f64, &times, {}, std.sort.asc(f64));
         const mb = @as(f64, @floatFromInt(tokens_read * kv_heads * head_dim * 2 * 4)) / 1e6;
         const gbs = mb * 1e6 / (times[1] * 1e-6) / 1e9;
-        say("{s:<8} {s:<7} {d:>6} {d:>8} {d:>10.1} {d:>10.1} {d:>9.0} {d:>7.1}%\n", .{ @tagName(phase), if (spread) "spread" else "whole", rows, context, times[1], mb, gbs, 100 * gbs / copy_gbs });
+        say("{s:<8} {s:<7} {d:>6} {d:>8} {d:>10.1} {d:>10.1} {d:>9.0} {d:>7.1}%\n", .{ @tagName(phase), @tagName(mode), rows, context, times[1], mb, gbs, 100 * gbs / copy_gbs });
+    }
+
+    fn launch(b: *const Buffers, k: K.Kernels, kv: K.Kernels.PagedKv, mode: Mode) !void {
+        switch (mode) {
+            .whole => try k.attention(b.q, b.out, kv, null, 0),
+            .spread => try k.attention(b.q, b.out, kv, b.parts, 0),
+            .tiles => try k.attentionPrompt(b.q, b.out, kv, b.tiles, b.tile_count),
+        }
     }
 };

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "exl3_tile_decode.cuh"
+#include "mma.cuh"
 
 namespace tf {
 
@@ -46,37 +47,6 @@ struct RotatedPlanes {
         return base + static_cast<size_t>(op * 2 + part) * slots * k_p;
     }
 };
-
-__device__ __forceinline__ void split_half(float v, half& hi, half& lo) {
-    hi = __float2half_rn(v);
-    lo = __float2half_rn(v - __half2float(hi));
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid) {
-    // src-size 0 fills the 16 bytes with zeros: rows past the group read as zero.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const half* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(shared_address(p)));
-}
-
-__device__ __forceinline__ uint32_t pack_halves(half low, half high) {
-    return static_cast<uint32_t>(__half_as_ushort(low)) | (static_cast<uint32_t>(__half_as_ushort(high)) << 16);
-}
 
 // acc[m][c][n][i]: row 16m + lane/4 (+8 for i >= 2), column 16·(tile column c) + 8n + 2(lane%4) + i%2.
 using PromptAcc = float[kPromptM][2][2][4];

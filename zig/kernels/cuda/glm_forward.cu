@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "attention_prompt.cuh"
 #include "exl3_codebook.cuh"
 #include "exl3_gemv.cuh"
 #include "exl3_hadamard.cuh"
@@ -466,20 +467,21 @@ __device__ __forceinline__ float4 fold_result(const float (&acc)[4], float sum) 
     return make_float4(__fdiv_rn(acc[0], sum), __fdiv_rn(acc[1], sum), __fdiv_rn(acc[2], sum), __fdiv_rn(acc[3], sum));
 }
 
-// Partials of split s of (row, query head h): part_acc[((row·heads + h)·S + s)·head_dim + d] and
+// Rows with skip[row] != 0 (skip may be null) are tf_attention_prompt's. Partials of split s of
+// (row, query head h): part_acc[((row·heads + h)·S + s)·head_dim + d] and
 // part_ml[((row·heads + h)·S + s)·2 + {0: max, 1: sum}].
 extern "C" __global__ void __launch_bounds__(512) tf_attention(const float* __restrict__ q, const float* __restrict__ cache_k,
                                                                const float* __restrict__ cache_v, const uint32_t* __restrict__ positions,
                                                                const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
-                                                               float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-                                                               int rows, int heads, int kv_heads, int head_dim, int layers, int layer,
+                                                               const int* __restrict__ skip, float* __restrict__ out, float* __restrict__ part_acc,
+                                                               float* __restrict__ part_ml, int rows, int heads, int kv_heads, int head_dim, int layers, int layer,
                                                                int page_tokens) {
     __shared__ __align__(16) float ks[kAttentionTile][kAttentionPitch];
     __shared__ __align__(16) float vs[kAttentionTile][kAttentionPitch];
     __shared__ __align__(16) float qs[kAttentionWarps][kAttentionPitch];
     const int row = blockIdx.x / kv_heads;
     const int kv = blockIdx.x % kv_heads;
-    if (row >= rows) return;
+    if (row >= rows || (skip && skip[row])) return;
     const bool spread = gridDim.y > 1;
     const int length = static_cast<int>(positions[row]) + 1;
     const int split_first = spread ? blockIdx.y : 0;
@@ -558,14 +560,15 @@ extern "C" __global__ void __launch_bounds__(512) tf_attention(const float* __re
 
 // The fold of tf_attention's split partials: a thread per (row, query head, 4 dims).
 extern "C" __global__ void tf_attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                                const uint32_t* __restrict__ positions, float* __restrict__ out, int rows,
-                                                int heads, int head_dim) {
+                                                const uint32_t* __restrict__ positions, const int* __restrict__ skip,
+                                                float* __restrict__ out, int rows, int heads, int head_dim) {
     const int quads = head_dim / 4;
     const int task = blockIdx.x * blockDim.x + threadIdx.x;
     if (task >= rows * heads * quads) return;
     const int row = task / (heads * quads);
     const int h = (task / quads) % heads;
     const int d = 4 * (task % quads);
+    if (skip && skip[row]) return;
     const int length = static_cast<int>(positions[row]) + 1;
     float folded_max = -INFINITY, folded_sum = 0.f;
     float folded[4] = {0.f, 0.f, 0.f, 0.f};

@@ -12,7 +12,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_embed",            "tf_rmsnorm",           "tf_add",              "tf_swiglu",       "tf_gather_rows",
     "tf_exl3_item_linear", "tf_exl3_group_linear", "tf_exl3_group_items", "tf_dense_matmul", "tf_qk_rope_store",
     "tf_attention",        "tf_route_logits",      "tf_route",            "tf_moe_combine",  "tf_logits_summary",
-    "tf_attention_combine",
+    "tf_attention_combine", "tf_attention_prompt",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -256,15 +256,17 @@ pub const Kernels = struct {
     /// out = attention of q over the cache, a warp per query head of a KV head's group (up to 16).
     /// With `parts`, a block per (row, KV head, split) and a fold of the splits after it: a decode
     /// step's few rows fill the GPU. Without, a block per (row, KV head) runs and folds every split
-    /// itself. Both give the same bits (tf_attention in glm_forward.cu).
-    pub fn attention(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, parts: ?AttentionParts) Error!void {
+    /// itself. Both give the same bits (tf_attention in glm_forward.cu). Rows with a non-zero i32 in
+    /// `skip` (0: none) are left to attentionPrompt.
+    pub fn attention(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, parts: ?AttentionParts, skip: Ptr) Error!void {
         std.debug.assert(kv.head_dim <= attention_head_dim_max and kv.head_dim % 4 == 0);
         const p = parts orelse AttentionParts{ .acc = 0, .ml = 0 };
         var a = .{
             q,                                 kv.cache_k,                        kv.cache_v,                     kv.positions,
-            kv.tables,                         kv.table_offsets,                  out,                            p.acc,
-            p.ml,                              @as(c_int, @intCast(kv.rows)),     @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.kv_heads)),
-            @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)),   @as(c_int, @intCast(kv.layer)), @as(c_int, @intCast(kv.page_tokens)),
+            kv.tables,                         kv.table_offsets,                  skip,                           out,
+            p.acc,                             p.ml,                              @as(c_int, @intCast(kv.rows)),  @as(c_int, @intCast(kv.heads)),
+            @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
+            @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
@@ -272,10 +274,63 @@ pub const Kernels = struct {
         const splits: u32 = if (parts == null) 1 else attention_splits;
         try k.run("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, 32 * warps, ptrs);
         if (parts == null) return;
-        var c = .{ p.acc, p.ml, kv.positions, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
+        var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
         var cptrs: [c.len]*anyopaque = undefined;
         inline for (0..c.len) |i| cptrs[i] = @ptrCast(&c[i]);
         try k.run("tf_attention_combine", .{ blocks(kv.rows * kv.heads * kv.head_dim / 4, 128), 1, 1 }, 128, cptrs);
+    }
+
+    /// The prompt attention's head size and tile (tf_attention_prompt, attention_prompt.cuh).
+    pub const prompt_attention_head_dim = 128;
+    pub const prompt_attention_rows = 16;
+
+    /// Tiles of up to 16 prompt rows of one sequence at consecutive positions, as the i32 table
+    /// tf_attention_prompt reads: the count, then (first row, rows) per tile.
+    pub const AttentionTiles = struct {
+        table: []i32,
+        count: usize = 0,
+        open_first_page: u32 = 0,
+        open_position: u32 = 0,
+
+        pub fn init(table: []i32) AttentionTiles {
+            table[0] = 0;
+            return .{ .table = table };
+        }
+
+        pub fn add(tiles: *AttentionTiles, row: usize, position: u32, first_page: u32) void {
+            const open = tiles.count > 0 and tiles.table[2 * tiles.count] < prompt_attention_rows and
+                first_page == tiles.open_first_page and position == tiles.open_position + 1 and
+                @as(usize, @intCast(tiles.table[2 * tiles.count - 1] + tiles.table[2 * tiles.count])) == row;
+            if (open) {
+                tiles.table[2 * tiles.count] += 1;
+            } else {
+                tiles.count += 1;
+                tiles.table[2 * tiles.count - 1] = @intCast(row);
+                tiles.table[2 * tiles.count] = 1;
+            }
+            tiles.table[0] = @intCast(tiles.count);
+            tiles.open_first_page = first_page;
+            tiles.open_position = position;
+        }
+    };
+
+    /// Attention of the rows in `tiles` on tensor cores: a block per (tile, KV head, 4 query heads
+    /// of its group). `grid_tiles` >= the table's count (blocks past it return): a recorded graph
+    /// keeps its grid while the count changes.
+    pub fn attentionPrompt(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, tiles: Ptr, grid_tiles: usize) Error!void {
+        std.debug.assert(kv.head_dim == prompt_attention_head_dim);
+        var a = .{
+            q,                                 kv.cache_k,                        kv.cache_v,                      kv.positions,
+            kv.tables,                         kv.table_offsets,                  tiles,                           out,
+            @as(c_int, @intCast(kv.heads)),    @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
+            @as(c_int, @intCast(kv.page_tokens)),
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        const group = kv.heads / kv.kv_heads;
+        const warps: usize = @min(group, 4);
+        const chunks = std.math.divCeil(usize, group, warps) catch unreachable;
+        try k.run("tf_attention_prompt", .{ @intCast(@max(grid_tiles, 1)), @intCast(kv.kv_heads * chunks), 1 }, @intCast(32 * warps), ptrs);
     }
 
     pub const Route = struct {
@@ -333,3 +388,16 @@ pub const Kernels = struct {
         try k.run("tf_moe_combine", .{ blocks(rows * hidden, 256), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
     }
 };
+
+test "prompt rows tile by sequence, consecutive position and 16 rows" {
+    var table: [1 + 2 * 40]i32 = undefined;
+    var tiles = Kernels.AttentionTiles.init(&table);
+    // Rows 0..19: sequence A (first page 7) at positions 0..19; rows 20..22: sequence B at 5..7;
+    // row 23: sequence B at 9 (a gap); row 24 (not a prompt row) is left out; row 25: B at 10.
+    for (0..20) |r| tiles.add(r, @intCast(r), 7);
+    for (20..23) |r| tiles.add(r, @intCast(r - 15), 3);
+    tiles.add(23, 9, 3);
+    tiles.add(25, 10, 3);
+    try std.testing.expectEqualSlices(i32, &.{ 5, 0, 16, 16, 4, 20, 3, 23, 1, 25, 1 }, table[0..11]);
+    try std.testing.expectEqual(5, tiles.count);
+}

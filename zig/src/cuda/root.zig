@@ -17,4 +17,5 @@ test {
     _ = kernels;
     _ = exl3_decode;
     _ = exl3_prompt;
+    _ = glm_kernels;
 }

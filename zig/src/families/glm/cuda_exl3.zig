@@ -92,7 +92,7 @@ const graph_rows_max = 64;
 const graph_slots = 16;
 
 /// A recording is keyed by what changes its launches: rows, logits rows, and which paths run.
-const GraphKey = struct { rows: usize, wanted: usize, prompt: bool, decode: bool };
+const GraphKey = struct { rows: usize, wanted: usize, prompt: bool, decode: bool, tiles: bool, rest: bool };
 const GraphSlot = struct { key: GraphKey, graph: cuda.gpu.Graph };
 const P = cuda.exl3_prompt;
 
@@ -141,6 +141,16 @@ pub const GpuModel = struct {
     /// (the same bits as a block per row: tf_attention); 0 when TF_CUDA_ATTENTION_SPREAD=0.
     attention_parts: K.Kernels.AttentionParts,
     attention_spread_rows: usize,
+    /// Prompt rows' attention on tensor cores (tf_attention_prompt) in tiles of one sequence's
+    /// rows; off with TF_CUDA_PROMPT_ATTENTION=0 or a head_dim it does not take. The tile table
+    /// and the i32 per row that leaves a tiled row out of tf_attention (host copy: tiles, then
+    /// skips); this step's tile count, and whether other rows remain for tf_attention.
+    prompt_attention: bool,
+    attention_tiles: Ptr,
+    attention_skip: Ptr,
+    host_attention: []i32,
+    step_tiles: usize,
+    step_rest: bool,
     projected: Ptr,
     ffn_out: Ptr,
     gate: Ptr,
@@ -221,6 +231,7 @@ pub const GpuModel = struct {
         model.sample_module.unload(&model.gpu);
         model.gpu.close();
         gpa.free(model.host_row_tables);
+        gpa.free(model.host_attention);
         gpa.free(model.host_tables);
         gpa.free(model.host_offsets);
         gpa.free(model.host_cos_sin);
@@ -476,6 +487,11 @@ pub const GpuModel = struct {
         model.attention_spread_rows = if (core.switches.off("TF_CUDA_ATTENTION_SPREAD")) 0 else @min(rows, graph_rows_max);
         const parts = K.Kernels.AttentionParts.floats(model.attention_spread_rows, c.heads, c.head_dim);
         model.attention_parts = .{ .acc = try model.alloc(@max(parts.acc, 1) * f, diag), .ml = try model.alloc(@max(parts.ml, 1) * f, diag) };
+        model.prompt_attention = c.head_dim == K.Kernels.prompt_attention_head_dim and !core.switches.off("TF_CUDA_PROMPT_ATTENTION");
+        model.attention_tiles = try model.alloc((1 + 2 * rows) * 4, diag);
+        model.attention_skip = try model.alloc(rows * 4, diag);
+        model.step_tiles = 0;
+        model.step_rest = true;
         model.projected = try model.alloc(rows * c.hidden_size * f, diag);
         model.ffn_out = try model.alloc(rows * c.hidden_size * f, diag);
         // Gate outputs of all items, then their up outputs (one launch writes both).
@@ -507,10 +523,16 @@ pub const GpuModel = struct {
         const cache_values = l.pages * c.layers * c.kv_heads * l.page_tokens * c.head_dim;
         model.cache_k = try model.alloc(cache_values * f, diag);
         model.cache_v = try model.alloc(cache_values * f, diag);
-        model.host_tables = try model.gpa.alloc(u32, rows * l.pages_per_sequence);
-        model.host_offsets = try model.gpa.alloc(u32, rows);
-        model.host_cos_sin = try model.gpa.alloc(f32, rows * @max(c.rotary_dim, 2));
-        model.host_row_tables = try model.gpa.alloc(i32, row_table_count * rows);
+        const gpa = model.gpa;
+        model.host_tables = try gpa.alloc(u32, rows * l.pages_per_sequence);
+        errdefer gpa.free(model.host_tables);
+        model.host_offsets = try gpa.alloc(u32, rows);
+        errdefer gpa.free(model.host_offsets);
+        model.host_cos_sin = try gpa.alloc(f32, rows * @max(c.rotary_dim, 2));
+        errdefer gpa.free(model.host_cos_sin);
+        model.host_row_tables = try gpa.alloc(i32, row_table_count * rows);
+        errdefer gpa.free(model.host_row_tables);
+        model.host_attention = try gpa.alloc(i32, 1 + 3 * rows);
     }
 
     /// The prompt path's buffers: the row tables a prompt step uploads, the routed experts' layers,
@@ -672,7 +694,7 @@ pub const GpuModel = struct {
         try model.uploadBatch(batch, diag);
         // A rank's reduction runs on the host between launches: it cannot be recorded.
         if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
-            const graph = try model.graphFor(.{ .rows = rows, .wanted = wanted, .prompt = model.step_prompt, .decode = model.step_decode }, diag);
+            const graph = try model.graphFor(.{ .rows = rows, .wanted = wanted, .prompt = model.step_prompt, .decode = model.step_decode, .tiles = model.step_tiles > 0, .rest = model.step_rest }, diag);
             try graph.launch(&model.gpu, diag);
             model.graph_replays += 1;
         } else {
@@ -753,6 +775,7 @@ pub const GpuModel = struct {
         try model.gpu.upload(model.table_offsets, std.mem.sliceAsBytes(model.host_offsets[0..rows]), diag);
         if (c.rotary_dim > 0) try model.gpu.upload(model.cos_sin, std.mem.sliceAsBytes(model.host_cos_sin[0 .. rows * c.rotary_dim]), diag);
         if (batch.logits_rows.len > 0) try model.gpu.upload(model.logits_rows, std.mem.sliceAsBytes(batch.logits_rows), diag);
+        try model.uploadAttentionTiles(batch, diag);
         model.step_prompt = false;
         model.step_decode = true;
         if (model.prompt_scratch == null) return;
@@ -771,6 +794,29 @@ pub const GpuModel = struct {
             model.prompt_rows += @intFromBool(prompt);
         }
         if (model.step_prompt) try model.gpu.upload(model.row_tables, std.mem.sliceAsBytes(t), diag);
+    }
+
+    /// Prompt rows in tiles for tf_attention_prompt (a tile: up to 16 consecutive rows of one
+    /// sequence, told by its first page, at consecutive positions), the others left to tf_attention.
+    fn uploadAttentionTiles(model: *GpuModel, batch: forward_cpu.Batch, diag: *Diagnostic) Error!void {
+        const rows = batch.rows();
+        model.step_tiles = 0;
+        model.step_rest = true;
+        if (!model.prompt_attention or batch.prompt.len == 0) return;
+        const rows_max = model.limits.rows_max;
+        var tiles = K.Kernels.AttentionTiles.init(model.host_attention[0 .. 1 + 2 * rows_max]);
+        const skip = model.host_attention[1 + 2 * rows_max ..][0..rows];
+        model.step_rest = false;
+        for (skip, 0..) |*s, r| {
+            const prompt = batch.prompt[r];
+            if (prompt) tiles.add(r, batch.positions[r], batch.page_tables[r][0]);
+            s.* = @intFromBool(prompt);
+            model.step_rest = model.step_rest or !prompt;
+        }
+        model.step_tiles = tiles.count;
+        if (tiles.count == 0) return;
+        try model.gpu.upload(model.attention_tiles, std.mem.sliceAsBytes(tiles.table[0 .. 1 + 2 * tiles.count]), diag);
+        if (model.step_rest) try model.gpu.upload(model.attention_skip, std.mem.sliceAsBytes(skip), diag);
     }
 
     fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, layer: usize, rows: usize) Error!void {
@@ -802,7 +848,14 @@ pub const GpuModel = struct {
             .rotary_dim = c.rotary_dim,
             .eps = c.rms_norm_eps,
         }, kv);
-        try k.attention(model.q, model.attention_out, kv, if (rows <= model.attention_spread_rows) model.attention_parts else null);
+        if (model.step_tiles > 0) {
+            // A recorded forward keeps its grid: there, one block column per row bounds the tiles.
+            try k.attentionPrompt(model.q, model.attention_out, kv, model.attention_tiles, if (rows <= graph_rows_max) rows else model.step_tiles);
+        }
+        if (model.step_rest) {
+            const skip = if (model.step_tiles > 0) model.attention_skip else 0;
+            try k.attention(model.q, model.attention_out, kv, if (rows <= model.attention_spread_rows) model.attention_parts else null, skip);
+        }
         try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);
     }
 

@@ -1,0 +1,237 @@
+// Attention of prompt rows on tensor cores (flash-attention style), for head_dim 128. Included by
+// glm_forward.cu; the host half is `Kernels.attentionPrompt` in zig/src/cuda/glm_kernels.zig.
+//
+// A block takes one tile of up to 16 rows of one sequence (the host's tile table) and up to 4 query
+// heads of one KV head, a warp per head: the tile's 16 rows are the mma's m, so every K/V position
+// staged in shared memory serves 16 rows x 4 heads (tf_attention's blocks serve one row). Per
+// 32 staged positions a warp computes S = Q·Kᵀ, an online softmax on the fragments, and O += P·V.
+// Every f32 operand rides as f16 high and low parts (mma.cuh): S = Qh·Kh + Qh·Kl + Ql·Kh and
+// O += Ph·Vh + Ph·Vl + Pl·Vh, accumulated in f32, ~2^-22 relative per product.
+//
+// A row's bits depend on its own query and positions only: the staged positions are aligned at
+// multiples of 32 from 0, positions past the row are masked to exact zeros (a tile past the row
+// leaves its max, sum and accumulators exactly as they were), and each mma row is its own. So a
+// prompt row gives the same bits in any tile, chunk or batch.
+#pragma once
+#include <math.h>
+
+#include "mma.cuh"
+
+namespace tf {
+
+constexpr int kPromptAttentionRows = 16;
+constexpr int kPromptAttentionWarpsMax = 4;
+constexpr int kPromptAttentionDim = 128;
+constexpr int kPromptKvTile = 32;
+constexpr int kPromptKvPitch = kPromptAttentionDim + 8;  // halves: 272-byte rows, ldmatrix rows in distinct banks
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// Two f32 values as packed f16 pairs: high parts in `hi`, low parts in `lo`.
+__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+    half xh, xl, yh, yl;
+    split_half(x, xh, xl);
+    split_half(y, yh, yl);
+    hi = pack_halves(xh, yh);
+    lo = pack_halves(xl, yl);
+}
+
+}  // namespace tf
+
+// tiles: [0] = the tile count, then (first row, rows) per tile; a tile's rows are one sequence's,
+// at consecutive positions (its last row's page table covers them all).
+// Grid: (tiles or more, kv_heads x head chunks); block: 32 x min(group, 4) threads.
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
+    const float* __restrict__ q, const float* __restrict__ cache_k, const float* __restrict__ cache_v,
+    const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
+    const int* __restrict__ tiles, float* __restrict__ out, int heads, int kv_heads, int layers, int layer, int page_tokens) {
+    using namespace tf;
+    constexpr int D = kPromptAttentionDim;
+    constexpr int kSteps = D / 16;
+    constexpr int kDimTiles = D / 8;
+    __shared__ __align__(16) half ks[2][kPromptKvTile][kPromptKvPitch];  // [high/low][position][dim]
+    __shared__ __align__(16) half vs[2][kPromptKvTile][kPromptKvPitch];
+    if (static_cast<int>(blockIdx.x) >= tiles[0]) return;
+    const int first = tiles[1 + 2 * blockIdx.x];
+    const int count = tiles[2 + 2 * blockIdx.x];
+    const int warps = blockDim.x / 32;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int group = heads / kv_heads;
+    const int chunks = (group + warps - 1) / warps;
+    const int kv = blockIdx.y / chunks;
+    const int member = (blockIdx.y % chunks) * warps + warp;
+    const bool live = member < group;
+    const int h = kv * group + member;
+    // This lane's two rows of the tile (g and g + 8); rows past the tile repeat its last row,
+    // computed and never written.
+    const int row_a = first + min(g, count - 1);
+    const int row_b = first + min(g + 8, count - 1);
+    const int pos_a = static_cast<int>(positions[row_a]);
+    const int pos_b = static_cast<int>(positions[row_b]);
+    const int last = static_cast<int>(positions[first + count - 1]);
+    const uint32_t* table = tables + table_offsets[first + count - 1];
+
+    // Q·(1/sqrt(d)) as A fragments: register r of step k holds (row g or g + 8, dims 16k + 2t
+    // (+8 for r >= 2)).
+    uint32_t qa[kSteps][2][4];
+    const float scale = rsqrtf(static_cast<float>(D));
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int row = r % 2 == 0 ? row_a : row_b;
+            const int dim = 16 * k + 2 * t + 8 * (r / 2);
+            float2 v = make_float2(0.f, 0.f);
+            if (live) v = *reinterpret_cast<const float2*>(q + (static_cast<size_t>(row) * heads + h) * D + dim);
+            split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
+        }
+
+    float o[kDimTiles][4];
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
+    float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
+
+    for (int t0 = 0; t0 <= last; t0 += kPromptKvTile) {
+        __syncthreads();  // the previous positions are consumed
+        for (int task = threadIdx.x; task < kPromptKvTile * (D / 4); task += blockDim.x) {
+            const int j = task / (D / 4);
+            const int d = 4 * (task % (D / 4));
+            const int p = t0 + j;
+            float4 kf = make_float4(0.f, 0.f, 0.f, 0.f), vf = kf;
+            if (p <= last) {
+                const size_t at = (((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens) * D + d;
+                kf = *reinterpret_cast<const float4*>(cache_k + at);
+                vf = *reinterpret_cast<const float4*>(cache_v + at);
+            }
+            uint2 hi, lo;
+            split_pair(kf.x, kf.y, hi.x, lo.x);
+            split_pair(kf.z, kf.w, hi.y, lo.y);
+            *reinterpret_cast<uint2*>(&ks[0][j][d]) = hi;
+            *reinterpret_cast<uint2*>(&ks[1][j][d]) = lo;
+            split_pair(vf.x, vf.y, hi.x, lo.x);
+            split_pair(vf.z, vf.w, hi.y, lo.y);
+            *reinterpret_cast<uint2*>(&vs[0][j][d]) = hi;
+            *reinterpret_cast<uint2*>(&vs[1][j][d]) = lo;
+        }
+        __syncthreads();
+        if (!live) continue;
+
+        // S = Q·Kᵀ over 4 position tiles of 8: ldmatrix of 8 positions x 8 dims gives lane (g, t)
+        // position g, dims 2t, 2t + 1, the B fragment as it is.
+        float s[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[n][i] = 0.f;
+#pragma unroll
+        for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+            for (int pair = 0; pair < 2; ++pair) {
+                const int position = 16 * pair + lane % 8 + 8 * (lane / 16);
+                const int dim = 16 * k + 8 * ((lane / 8) % 2);
+                uint32_t kh[4], kl[4];
+                ldmatrix_x4(kh, &ks[0][position][dim]);
+                ldmatrix_x4(kl, &ks[1][position][dim]);
+#pragma unroll
+                for (int half_tile = 0; half_tile < 2; ++half_tile) {
+                    const uint32_t bh[2] = {kh[2 * half_tile], kh[2 * half_tile + 1]};
+                    const uint32_t bl[2] = {kl[2 * half_tile], kl[2 * half_tile + 1]};
+                    float(&acc)[4] = s[2 * pair + half_tile];
+                    mma_16816(acc, qa[k][0], bh);
+                    mma_16816(acc, qa[k][0], bl);
+                    mma_16816(acc, qa[k][1], bh);
+                }
+            }
+
+        // The online softmax: entries (n, 0..1) are row a's positions t0 + 8n + 2t + e, (n, 2..3)
+        // row b's; a quad of lanes holds a row's 32 positions.
+        float tile_a = -INFINITY, tile_b = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int p = t0 + 8 * n + 2 * t + e;
+                if (p > pos_a) s[n][e] = -INFINITY;
+                if (p > pos_b) s[n][2 + e] = -INFINITY;
+                tile_a = fmaxf(tile_a, s[n][e]);
+                tile_b = fmaxf(tile_b, s[n][2 + e]);
+            }
+        const float next_a = fmaxf(max_a, quad_max(tile_a));
+        const float next_b = fmaxf(max_b, quad_max(tile_b));
+        const float rescale_a = expf(max_a - next_a);  // 0 on the first positions, 1 past the row
+        const float rescale_b = expf(max_b - next_b);
+        max_a = next_a;
+        max_b = next_b;
+        float part_a = 0.f, part_b = 0.f;
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                s[n][e] = expf(s[n][e] - next_a);
+                s[n][2 + e] = expf(s[n][2 + e] - next_b);
+                part_a += s[n][e];
+                part_b += s[n][2 + e];
+            }
+        sum_a = sum_a * rescale_a + part_a;  // this lane's positions; the quad's are summed at the end
+        sum_b = sum_b * rescale_b + part_b;
+#pragma unroll
+        for (int n = 0; n < kDimTiles; ++n) {
+            o[n][0] *= rescale_a;
+            o[n][1] *= rescale_a;
+            o[n][2] *= rescale_b;
+            o[n][3] *= rescale_b;
+        }
+
+        // O += P·V over 2 steps of 16 positions: P's C fragments of position tiles 2k and 2k + 1
+        // are the A fragment of step k; ldmatrix.trans of 8 positions x 8 dims gives lane (g, t)
+        // positions 2t, 2t + 1 of dim g, the B fragment.
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            uint32_t ph[4], pl[4];
+            split_pair(s[2 * k][0], s[2 * k][1], ph[0], pl[0]);
+            split_pair(s[2 * k][2], s[2 * k][3], ph[1], pl[1]);
+            split_pair(s[2 * k + 1][0], s[2 * k + 1][1], ph[2], pl[2]);
+            split_pair(s[2 * k + 1][2], s[2 * k + 1][3], ph[3], pl[3]);
+#pragma unroll
+            for (int pair = 0; pair < kDimTiles / 2; ++pair) {
+                const int position = 16 * k + lane % 8 + 8 * ((lane / 8) % 2);
+                const int dim = 16 * pair + 8 * (lane / 16);
+                uint32_t vh[4], vl[4];
+                ldmatrix_x4_trans(vh, &vs[0][position][dim]);
+                ldmatrix_x4_trans(vl, &vs[1][position][dim]);
+#pragma unroll
+                for (int half_tile = 0; half_tile < 2; ++half_tile) {
+                    const uint32_t bh[2] = {vh[2 * half_tile], vh[2 * half_tile + 1]};
+                    const uint32_t bl[2] = {vl[2 * half_tile], vl[2 * half_tile + 1]};
+                    float(&acc)[4] = o[2 * pair + half_tile];
+                    mma_16816(acc, ph, bh);
+                    mma_16816(acc, ph, bl);
+                    mma_16816(acc, pl, bh);
+                }
+            }
+        }
+    }
+    if (!live) return;
+    const float total_a = quad_sum(sum_a);
+    const float total_b = quad_sum(sum_b);
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n) {
+        const int dim = 8 * n + 2 * t;
+        if (g < count)
+            *reinterpret_cast<float2*>(out + (static_cast<size_t>(row_a) * heads + h) * D + dim) = make_float2(o[n][0] / total_a, o[n][1] / total_a);
+        if (g + 8 < count)
+            *reinterpret_cast<float2*>(out + (static_cast<size_t>(row_b) * heads + h) * D + dim) = make_float2(o[n][2] / total_b, o[n][3] / total_b);
+    }
+}
