@@ -424,8 +424,9 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
 }
 
 // softmax(q·kᵀ/sqrt(d))·v over positions 0..pos of the row's own sequence, for every query head of
-// one KV head: a warp per query head (in rounds of up to 16 warps), K and V staged through shared
-// memory 32 positions at a time so that the query heads of a group read them once.
+// one KV head: a warp per query head (in rounds of up to 12 warps), K and V staged through shared
+// memory 32 positions at a time (cp.async, two stages) so that the query heads of a group read
+// them once.
 //
 // A row's positions fall into kAttentionSplits splits of whole tiles, fixed by its length alone
 // (attention_split). Within a split, an online softmax in position order: per tile, lane j scores
@@ -438,8 +439,13 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
 // over the whole GPU (flash-decoding) without changing a bit. head_dim <= 128, a multiple of 4.
 constexpr int kAttentionTile = 32;
 constexpr int kAttentionPitch = 128 + 4;  // float4 rows of 8 lanes land in distinct banks
-constexpr int kAttentionWarps = 16;
+constexpr int kAttentionWarps = 12;
 constexpr int kAttentionSplits = 16;
+// Dynamic shared memory of tf_attention: K and V tiles in two stages (cp.async brings the next 32
+// positions while the block scores the current ones), then the warps' queries.
+constexpr int kAttentionStage = 2 * kAttentionTile * kAttentionPitch;  // floats: K tile, V tile
+constexpr int kAttentionSharedBytes = (2 * kAttentionStage + kAttentionWarps * kAttentionPitch) * 4;
+static_assert(kAttentionSharedBytes == 73920, "the launch's size: attention_shared_bytes in glm_kernels.zig");
 
 struct SplitRange {
     int begin;
@@ -470,15 +476,21 @@ __device__ __forceinline__ float4 fold_result(const float (&acc)[4], float sum) 
 // Rows with skip[row] != 0 (skip may be null) are tf_attention_prompt's. Partials of split s of
 // (row, query head h): part_acc[((row·heads + h)·S + s)·head_dim + d] and
 // part_ml[((row·heads + h)·S + s)·2 + {0: max, 1: sum}].
-extern "C" __global__ void __launch_bounds__(512) tf_attention(const float* __restrict__ q, const float* __restrict__ cache_k,
+// sm_12x's ptxas caps the registers for several blocks per SM and spills; its 100 KB of shared
+// memory holds one block of this kernel anyway.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define TF_ATTENTION_BOUNDS __launch_bounds__(32 * kAttentionWarps, 1)
+#else
+#define TF_ATTENTION_BOUNDS __launch_bounds__(32 * kAttentionWarps)
+#endif
+extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restrict__ q, const float* __restrict__ cache_k,
                                                                const float* __restrict__ cache_v, const uint32_t* __restrict__ positions,
                                                                const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
                                                                const int* __restrict__ skip, float* __restrict__ out, float* __restrict__ part_acc,
                                                                float* __restrict__ part_ml, int rows, int heads, int kv_heads, int head_dim, int layers, int layer,
                                                                int page_tokens) {
-    __shared__ __align__(16) float ks[kAttentionTile][kAttentionPitch];
-    __shared__ __align__(16) float vs[kAttentionTile][kAttentionPitch];
-    __shared__ __align__(16) float qs[kAttentionWarps][kAttentionPitch];
+    extern __shared__ __align__(16) float attention_shared[];
+    float(*qs)[kAttentionPitch] = reinterpret_cast<float(*)[kAttentionPitch]>(attention_shared + 2 * kAttentionStage);
     const int row = blockIdx.x / kv_heads;
     const int kv = blockIdx.x % kv_heads;
     if (row >= rows || (skip && skip[row])) return;
@@ -507,18 +519,32 @@ extern "C" __global__ void __launch_bounds__(512) tf_attention(const float* __re
             if (range.begin >= range.end) break;  // the splits after an empty one are empty too
             float running_max = -INFINITY, running_sum = 0.f;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            for (int t0 = range.begin; t0 < range.end; t0 += kAttentionTile) {
+            // Positions t0 .. t0 + 31 into stage (t0 - range.begin) / 32 % 2, one 16-byte copy per task.
+            const auto issue = [&](int t0) {
+                float* stage = attention_shared + ((t0 - range.begin) / kAttentionTile % 2) * kAttentionStage;
                 const int count = min(kAttentionTile, range.end - t0);
-                __syncthreads();  // the previous tile is consumed (and qs written, the first time)
+#pragma unroll 1
                 for (int task = threadIdx.x; task < count * quads; task += blockDim.x) {
                     const int j = task / quads;
                     const int d = 4 * (task % quads);
                     const int t = t0 + j;
                     const size_t at = (((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + t % page_tokens) * head_dim + d;
-                    *reinterpret_cast<float4*>(&ks[j][d]) = *reinterpret_cast<const float4*>(cache_k + at);
-                    *reinterpret_cast<float4*>(&vs[j][d]) = *reinterpret_cast<const float4*>(cache_v + at);
+                    tf::copy16_async(stage + j * kAttentionPitch + d, cache_k + at, true);
+                    tf::copy16_async(stage + (kAttentionTile + j) * kAttentionPitch + d, cache_v + at, true);
                 }
-                __syncthreads();
+                asm volatile("cp.async.commit_group;\n" ::);
+            };
+            __syncthreads();  // the stages are free (and qs written, the first time)
+            issue(range.begin);
+            for (int t0 = range.begin; t0 < range.end; t0 += kAttentionTile) {
+                const int count = min(kAttentionTile, range.end - t0);
+                __syncthreads();  // the stage the next copies go to is consumed
+                if (t0 + kAttentionTile < range.end) issue(t0 + kAttentionTile);
+                else asm volatile("cp.async.commit_group;\n" ::);
+                asm volatile("cp.async.wait_group 1;\n" ::);
+                __syncthreads();  // this tile's copies, every thread's, have landed
+                const float(*ks)[kAttentionPitch] = reinterpret_cast<const float(*)[kAttentionPitch]>(attention_shared + ((t0 - range.begin) / kAttentionTile % 2) * kAttentionStage);
+                const float(*vs)[kAttentionPitch] = ks + kAttentionTile;
                 if (!live) continue;
                 float score = -INFINITY;
                 if (lane < count) {
@@ -543,6 +569,7 @@ extern "C" __global__ void __launch_bounds__(512) tf_attention(const float* __re
                     acc[0] = fmaf(pj, v.x, acc[0]); acc[1] = fmaf(pj, v.y, acc[1]); acc[2] = fmaf(pj, v.z, acc[2]); acc[3] = fmaf(pj, v.w, acc[3]);
                 }
             }
+            asm volatile("cp.async.wait_group 0;\n" ::);
             if (!live) continue;
             if (spread) {
                 const size_t at = (static_cast<size_t>(row) * heads + h) * kAttentionSplits + split;

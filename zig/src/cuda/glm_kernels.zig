@@ -3,6 +3,7 @@
 const std = @import("std");
 const gpu_mod = @import("gpu.zig");
 const kernels = @import("kernels.zig");
+const driver = @import("driver.zig");
 const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
 const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
@@ -15,8 +16,18 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention_combine", "tf_attention_prompt",
 });
 
+/// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
+/// 32 positions of K and V, and 12 queries, rows of 132 floats.
+pub const attention_shared_bytes = (2 * 2 * 32 + 12) * 132 * 4;
+comptime {
+    std.debug.assert(attention_shared_bytes == 73920); // static_assert'ed in glm_forward.cu too
+}
+
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
-    return Module.load(gpu, kernels.glm_forward, "glm_forward", diag);
+    var module = try Module.load(gpu, kernels.glm_forward, "glm_forward", diag);
+    errdefer module.unload(gpu);
+    try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention"), driver.function_attribute_max_dynamic_shared_bytes, attention_shared_bytes), "cuFuncSetAttribute(tf_attention shared memory)", diag);
+    return module;
 }
 
 /// Device twin of `struct Exl3Layer` in glm_forward.cu.
@@ -253,7 +264,8 @@ pub const Kernels = struct {
         }
     };
 
-    /// out = attention of q over the cache, a warp per query head of a KV head's group (up to 16).
+    /// out = attention of q over the cache, a warp per query head of a KV head's group (in rounds of
+    /// up to 12: GLM-4.5's groups).
     /// With `parts`, a block per (row, KV head, split) and a fold of the splits after it: a decode
     /// step's few rows fill the GPU. Without, a block per (row, KV head) runs and folds every split
     /// itself. Both give the same bits (tf_attention in glm_forward.cu). Rows with a non-zero i32 in
@@ -270,9 +282,9 @@ pub const Kernels = struct {
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        const warps: u32 = @intCast(@min(kv.heads / kv.kv_heads, 16));
+        const warps: u32 = @intCast(@min(kv.heads / kv.kv_heads, 12));
         const splits: u32 = if (parts == null) 1 else attention_splits;
-        try k.run("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, 32 * warps, ptrs);
+        try gpu_mod.launch(k.gpu, k.module.function("tf_attention"), .{ .grid = .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, .block = .{ 32 * warps, 1, 1 }, .shared_bytes = attention_shared_bytes }, ptrs, "launch tf_attention", k.diag);
         if (parts == null) return;
         var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
         var cptrs: [c.len]*anyopaque = undefined;
