@@ -24,6 +24,11 @@ constexpr int kPromptAttentionWarpsMax = 4;
 constexpr int kPromptAttentionDim = 128;
 constexpr int kPromptKvTile = 32;
 constexpr int kPromptKvPitch = kPromptAttentionDim + 8;  // halves: 272-byte rows, ldmatrix rows in distinct banks
+// Dynamic shared memory: K and V as f16 high/low planes, then the next positions' f32 K and V as
+// cp.async brings them (they land while the warps compute on the planes).
+constexpr int kPromptPlanesBytes = 2 * 2 * kPromptKvTile * kPromptKvPitch * 2;
+constexpr int kPromptAttentionSharedBytes = kPromptPlanesBytes + 2 * kPromptKvTile * kPromptAttentionDim * 4;
+static_assert(kPromptAttentionSharedBytes == 67584, "the launch's size: prompt_attention_shared_bytes in glm_kernels.zig");
 
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
@@ -57,8 +62,10 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
     constexpr int D = kPromptAttentionDim;
     constexpr int kSteps = D / 16;
     constexpr int kDimTiles = D / 8;
-    __shared__ __align__(16) half ks[2][kPromptKvTile][kPromptKvPitch];  // [high/low][position][dim]
-    __shared__ __align__(16) half vs[2][kPromptKvTile][kPromptKvPitch];
+    extern __shared__ __align__(16) unsigned char prompt_attention_shared[];
+    auto ks = reinterpret_cast<half(*)[kPromptKvTile][kPromptKvPitch]>(prompt_attention_shared);  // [high/low][position][dim]
+    auto vs = ks + 2;
+    float* raw = reinterpret_cast<float*>(prompt_attention_shared + kPromptPlanesBytes);  // [K/V][position][dim]
     if (static_cast<int>(blockIdx.x) >= tiles[0]) return;
     const int first = tiles[1 + 2 * blockIdx.x];
     const int count = tiles[2 + 2 * blockIdx.x];
@@ -103,18 +110,30 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
         for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
 
-    for (int t0 = 0; t0 <= last; t0 += kPromptKvTile) {
-        __syncthreads();  // the previous positions are consumed
+    // Positions t0 .. t0 + 31 into `raw`, one 16-byte copy each of K and V per task; positions
+    // past the tile's last row read as zeros.
+    const auto issue = [&](int t0) {
+#pragma unroll 1
         for (int task = threadIdx.x; task < kPromptKvTile * (D / 4); task += blockDim.x) {
             const int j = task / (D / 4);
             const int d = 4 * (task % (D / 4));
             const int p = t0 + j;
-            float4 kf = make_float4(0.f, 0.f, 0.f, 0.f), vf = kf;
-            if (p <= last) {
-                const size_t at = (((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens) * D + d;
-                kf = *reinterpret_cast<const float4*>(cache_k + at);
-                vf = *reinterpret_cast<const float4*>(cache_v + at);
-            }
+            const bool valid = p <= last;
+            const size_t at = valid ? (((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens) * D + d : 0;
+            copy16_async(raw + j * D + d, cache_k + at, valid);
+            copy16_async(raw + (kPromptKvTile + j) * D + d, cache_v + at, valid);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    issue(0);
+    for (int t0 = 0; t0 <= last; t0 += kPromptKvTile) {
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();  // `raw` has landed, and the planes' previous positions are consumed
+        for (int task = threadIdx.x; task < kPromptKvTile * (D / 4); task += blockDim.x) {
+            const int j = task / (D / 4);
+            const int d = 4 * (task % (D / 4));
+            const float4 kf = *reinterpret_cast<const float4*>(raw + j * D + d);
+            const float4 vf = *reinterpret_cast<const float4*>(raw + (kPromptKvTile + j) * D + d);
             uint2 hi, lo;
             split_pair(kf.x, kf.y, hi.x, lo.x);
             split_pair(kf.z, kf.w, hi.y, lo.y);
@@ -125,7 +144,8 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
             *reinterpret_cast<uint2*>(&vs[0][j][d]) = hi;
             *reinterpret_cast<uint2*>(&vs[1][j][d]) = lo;
         }
-        __syncthreads();
+        __syncthreads();  // the planes are ready and `raw` is free
+        if (t0 + kPromptKvTile <= last) issue(t0 + kPromptKvTile);
         if (!live) continue;
 
         // S = Q·Kᵀ over 4 position tiles of 8: ldmatrix of 8 positions x 8 dims gives lane (g, t)

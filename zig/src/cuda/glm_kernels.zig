@@ -23,10 +23,19 @@ comptime {
     std.debug.assert(attention_shared_bytes == 73920); // static_assert'ed in glm_forward.cu too
 }
 
+/// tf_attention_prompt's (kPromptAttentionSharedBytes in attention_prompt.cuh): K and V as f16
+/// high/low planes of 32 rows of 136 halves, and the next 32 positions' f32 K and V.
+pub const prompt_attention_shared_bytes = 2 * 2 * 32 * 136 * 2 + 2 * 32 * 128 * 4;
+comptime {
+    std.debug.assert(prompt_attention_shared_bytes == 67584);
+}
+
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     var module = try Module.load(gpu, kernels.glm_forward, "glm_forward", diag);
     errdefer module.unload(gpu);
-    try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention"), driver.function_attribute_max_dynamic_shared_bytes, attention_shared_bytes), "cuFuncSetAttribute(tf_attention shared memory)", diag);
+    const attribute = driver.function_attribute_max_dynamic_shared_bytes;
+    try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention"), attribute, attention_shared_bytes), "cuFuncSetAttribute(tf_attention shared memory)", diag);
+    try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention_prompt"), attribute, prompt_attention_shared_bytes), "cuFuncSetAttribute(tf_attention_prompt shared memory)", diag);
     return module;
 }
 
@@ -342,7 +351,8 @@ pub const Kernels = struct {
         const group = kv.heads / kv.kv_heads;
         const warps: usize = @min(group, 4);
         const chunks = std.math.divCeil(usize, group, warps) catch unreachable;
-        try k.run("tf_attention_prompt", .{ @intCast(@max(grid_tiles, 1)), @intCast(kv.kv_heads * chunks), 1 }, @intCast(32 * warps), ptrs);
+        const grid: [3]u32 = .{ @intCast(@max(grid_tiles, 1)), @intCast(kv.kv_heads * chunks), 1 };
+        try gpu_mod.launch(k.gpu, k.module.function("tf_attention_prompt"), .{ .grid = grid, .block = .{ @intCast(32 * warps), 1, 1 }, .shared_bytes = prompt_attention_shared_bytes }, ptrs, "launch tf_attention_prompt", k.diag);
     }
 
     pub const Route = struct {
