@@ -15,8 +15,8 @@ for name in ("short", "chat"): e.add(p[name], s, stop_token_ids=[])
 while e.stats()["sequences_live"] or e.stats()["sequences_waiting"]: e.step()
 import os
 os.environ["TF_CUDA_PROMPT_ATTENTION"] = "0"
-spread = t.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+spread = t.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
 os.environ["TF_CUDA_ATTENTION_SPREAD"] = "0"
-whole = t.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+whole = t.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
 for engine in (spread, whole): engine.logits(p["long"])
 print("workload done", e.stats()["graph_replays"])

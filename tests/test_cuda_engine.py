@@ -186,19 +186,19 @@ def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
 
 
 def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkeypatch):
-    """Steps of up to 64 rows run tf_attention a block per (row, KV head, split) and fold the splits
+    """Steps of up to 32 rows run tf_attention a block per (row, KV head, split) and fold the splits
     after (flash-decoding); TF_CUDA_ATTENTION_SPREAD=0 runs one block per (row, KV head) folding
-    the same splits itself. A 1500-token prompt in 64-row chunks on tf_attention (every row in all
-    16 splits) and the tokens generated after it are the same bits both ways, and match the CPU;
+    the same splits itself. A 1500-token prompt in 32-row chunks on tf_attention (rows past 1024
+    positions in all 32 splits) and the tokens generated after it are the same bits both ways, and match the CPU;
     the prompt on the tensor-core prompt attention (the default) matches the CPU too."""
     rng = np.random.default_rng(5)
     config = model_config("3.0")
     prompt = [int(t) for t in rng.integers(10, config["vocab_size"], 1500)]
-    tiled = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    tiled = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
     monkeypatch.setenv("TF_CUDA_PROMPT_ATTENTION", "0")
-    spread = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    spread = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
     monkeypatch.setenv("TF_CUDA_ATTENTION_SPREAD", "0")
-    whole = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
+    whole = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
     cpu = trellisforge.Engine(checkpoint_dir("3.0"), backend="cpu", max_seqs=2)
     on_spread = spread.logits(prompt)
     assert np.array_equal(on_spread.view(np.uint32), whole.logits(prompt).view(np.uint32))

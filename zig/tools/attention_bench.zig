@@ -2,7 +2,7 @@
 //! heads, head_dim 128, f32 K and V in 16-token pages) as the engine launches it.
 //!   - decode: M = 1 and 4 rows, each its own sequence of `context` tokens, a block per (row, KV
 //!     head) ("whole") and a block per (row, KV head, split) then the fold ("spread", what the
-//!     engine runs for steps of up to 64 rows); the KV bytes every row reads, per second, against
+//!     engine runs for steps of up to 32 rows); the KV bytes every row reads, per second, against
 //!     the copy bandwidth.
 //!   - prefill: the last 1024 rows of a `context`-token prompt in one chunk, on tf_attention ("whole",
 //!     a block per row and KV head) and on the tensor-core prompt attention ("tiles", a block per

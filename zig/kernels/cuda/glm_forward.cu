@@ -440,7 +440,7 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
 constexpr int kAttentionTile = 32;
 constexpr int kAttentionPitch = 128 + 4;  // float4 rows of 8 lanes land in distinct banks
 constexpr int kAttentionWarps = 12;
-constexpr int kAttentionSplits = 16;
+constexpr int kAttentionSplits = 32;
 // Dynamic shared memory of tf_attention: K and V tiles in two stages (cp.async brings the next 32
 // positions while the block scores the current ones), then the warps' queries.
 constexpr int kAttentionStage = 2 * kAttentionTile * kAttentionPitch;  // floats: K tile, V tile

@@ -260,7 +260,7 @@ pub const Kernels = struct {
 
     /// Splits of a row's positions (kAttentionSplits in glm_forward.cu): fixed, so that a row's
     /// attention depends on its length alone.
-    pub const attention_splits = 16;
+    pub const attention_splits = 32;
 
     /// Device scratch for the partials of attention spread over splits, rows × heads × splits of
     /// (head_dim accumulators, max, sum).

@@ -89,6 +89,8 @@ pub const Limits = struct {
 /// Forwards of at most this many rows are recorded as graphs: decode steps, not prompt chunks,
 /// whose row counts rarely repeat.
 const graph_rows_max = 64;
+/// Steps of up to this many rows spread attention over splits (more rows fill the GPU as they are).
+const attention_spread_rows_max = 32;
 const graph_slots = 16;
 
 /// A recording is keyed by what changes its launches: rows, logits rows, and which paths run.
@@ -137,8 +139,9 @@ pub const GpuModel = struct {
     k: Ptr,
     v: Ptr,
     attention_out: Ptr,
-    /// Steps of at most `attention_spread_rows` rows run attention a block per split, folded after
-    /// (the same bits as a block per row: tf_attention); 0 when TF_CUDA_ATTENTION_SPREAD=0.
+    /// Steps of at most `attention_spread_rows` rows (32: partials of 32 rows x 32 splits, 51 MB
+    /// for GLM-4.5) run attention a block per split, folded after (the same bits as a block per
+    /// row: tf_attention); 0 when TF_CUDA_ATTENTION_SPREAD=0.
     attention_parts: K.Kernels.AttentionParts,
     attention_spread_rows: usize,
     /// Prompt rows' attention on tensor cores (tf_attention_prompt) in tiles of one sequence's
@@ -484,7 +487,7 @@ pub const GpuModel = struct {
         model.k = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
         model.v = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
         model.attention_out = try model.alloc(rows * c.heads * c.head_dim * f, diag);
-        model.attention_spread_rows = if (core.switches.off("TF_CUDA_ATTENTION_SPREAD")) 0 else @min(rows, graph_rows_max);
+        model.attention_spread_rows = if (core.switches.off("TF_CUDA_ATTENTION_SPREAD")) 0 else @min(rows, attention_spread_rows_max);
         const parts = K.Kernels.AttentionParts.floats(model.attention_spread_rows, c.heads, c.head_dim);
         model.attention_parts = .{ .acc = try model.alloc(@max(parts.acc, 1) * f, diag), .ml = try model.alloc(@max(parts.ml, 1) * f, diag) };
         model.prompt_attention = c.head_dim == K.Kernels.prompt_attention_head_dim and !core.switches.off("TF_CUDA_PROMPT_ATTENTION");
