@@ -165,14 +165,7 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
                 ldmatrix_x4(kh, &ks[0][position][dim]);
                 ldmatrix_x4(kl, &ks[1][position][dim]);
 #pragma unroll
-                for (int half_tile = 0; half_tile < 2; ++half_tile) {
-                    const uint32_t bh[2] = {kh[2 * half_tile], kh[2 * half_tile + 1]};
-                    const uint32_t bl[2] = {kl[2 * half_tile], kl[2 * half_tile + 1]};
-                    float(&acc)[4] = s[2 * pair + half_tile];
-                    mma_16816(acc, qa[k][0], bh);
-                    mma_16816(acc, qa[k][0], bl);
-                    mma_16816(acc, qa[k][1], bh);
-                }
+                for (int n = 0; n < 2; ++n) mma_split(s[2 * pair + n], qa[k][0], qa[k][1], kh, kl, n);
             }
 
         // The online softmax: entries (n, 0..1) are row a's positions t0 + 8n + 2t + e, (n, 2..3)
@@ -232,14 +225,7 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
                 ldmatrix_x4_trans(vh, &vs[0][position][dim]);
                 ldmatrix_x4_trans(vl, &vs[1][position][dim]);
 #pragma unroll
-                for (int half_tile = 0; half_tile < 2; ++half_tile) {
-                    const uint32_t bh[2] = {vh[2 * half_tile], vh[2 * half_tile + 1]};
-                    const uint32_t bl[2] = {vl[2 * half_tile], vl[2 * half_tile + 1]};
-                    float(&acc)[4] = o[2 * pair + half_tile];
-                    mma_16816(acc, ph, bh);
-                    mma_16816(acc, ph, bl);
-                    mma_16816(acc, pl, bh);
-                }
+                for (int n = 0; n < 2; ++n) mma_split(o[2 * pair + n], ph, pl, vh, vl, n);
             }
         }
     }

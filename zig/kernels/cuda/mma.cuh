@@ -29,6 +29,17 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// d += a·b for f32 operands split into f16 high and low parts: ah·bh + ah·bl + al·bh (al·bl is
+// below f32's rounding). `b` holds two n8 tiles' fragments as ldmatrix.x4 gives them; tile `n`.
+__device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&bh)[4],
+                                          const uint32_t (&bl)[4], int n) {
+    const uint32_t high[2] = {bh[2 * n], bh[2 * n + 1]};
+    const uint32_t low[2] = {bl[2 * n], bl[2 * n + 1]};
+    mma_16816(d, ah, high);
+    mma_16816(d, ah, low);
+    mma_16816(d, al, high);
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const half* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
