@@ -6,10 +6,12 @@
 //!
 //! Prompt rows take the tensor-core prompt kernels (cuda/exl3_prompt.zig) for every EXL3 linear they
 //! can (experts, shared and dense MLPs, attention projections), every decoded tile serving up to 64
-//! rows; generated rows always take the GEMV, so a row's numbers never depend on its batch.
+//! rows; generated rows always take the GEMV, so a row's numbers never depend on its batch. The same
+//! split for attention: prompt rows in tiles of one sequence on tensor cores (tf_attention_prompt),
+//! generated rows in splits of their context spread over the GPU (tf_attention, flash-decoding).
 //!
 //! f32 arithmetic, the trellis decoded per item. Forwards of few rows (decode steps) are recorded
-//! once per (rows, logits rows, prompt rows present) as a CUDA graph and replayed: a GLM-4.5-Air
+//! once per (rows, logits rows, which paths run) as a CUDA graph and replayed: a GLM-4.5-Air
 //! step is ~1800 launches, whose host cost and gaps a replay removes. A greedy row crosses to the
 //! host as its logits summary, a row sampled with temperature/top-k/top-p/min-p as the token the
 //! GPU drew (cuda/sampling.zig); other rows' logits are copied back for the host sampler.
