@@ -40,16 +40,6 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
 }
 
-// Two f32 values as packed f16 pairs: high parts in `hi`, low parts in `lo` (split_half's bits,
-// with the paired conversions).
-__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
-    const __half2 high = __floats2half2_rn(x, y);
-    const float2 back = __half22float2(high);
-    const __half2 low = __floats2half2_rn(x - back.x, y - back.y);
-    hi = *reinterpret_cast<const uint32_t*>(&high);
-    lo = *reinterpret_cast<const uint32_t*>(&low);
-}
-
 }  // namespace tf
 
 // tiles: [0] = the tile count, then (first row, rows) per tile; a tile's rows are one sequence's,

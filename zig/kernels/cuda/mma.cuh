@@ -13,6 +13,16 @@ __device__ __forceinline__ void split_half(float v, half& hi, half& lo) {
     lo = __float2half_rn(v - __half2float(hi));
 }
 
+// Two f32 values as packed f16 pairs: high parts in `hi`, low parts in `lo` (split_half's bits,
+// with the paired conversions).
+__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+    const __half2 high = __floats2half2_rn(x, y);
+    const float2 back = __half22float2(high);
+    const __half2 low = __floats2half2_rn(x - back.x, y - back.y);
+    hi = *reinterpret_cast<const uint32_t*>(&high);
+    lo = *reinterpret_cast<const uint32_t*>(&low);
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -94,7 +94,12 @@ pub const Kernels = struct {
     diag: *Diagnostic,
 
     fn run(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, args: anytype) Error!void {
-        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 } }, args, "launch " ++ name, k.diag);
+        return k.runShared(name, grid, block, 0, args);
+    }
+
+    /// `run` with dynamic shared memory (its maximum set in `load`).
+    fn runShared(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, shared_bytes: u32, args: anytype) Error!void {
+        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 }, .shared_bytes = shared_bytes }, args, "launch " ++ name, k.diag);
     }
 
     fn blocks(count: usize, per_block: usize) u32 {
@@ -293,7 +298,7 @@ pub const Kernels = struct {
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         const warps: u32 = @intCast(@min(kv.heads / kv.kv_heads, 12));
         const splits: u32 = if (parts == null) 1 else attention_splits;
-        try gpu_mod.launch(k.gpu, k.module.function("tf_attention"), .{ .grid = .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, .block = .{ 32 * warps, 1, 1 }, .shared_bytes = attention_shared_bytes }, ptrs, "launch tf_attention", k.diag);
+        try k.runShared("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, 32 * warps, attention_shared_bytes, ptrs);
         if (parts == null) return;
         var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
         var cptrs: [c.len]*anyopaque = undefined;
@@ -352,7 +357,7 @@ pub const Kernels = struct {
         const warps: usize = @min(group, 4);
         const chunks = std.math.divCeil(usize, group, warps) catch unreachable;
         const grid: [3]u32 = .{ @intCast(@max(grid_tiles, 1)), @intCast(kv.kv_heads * chunks), 1 };
-        try gpu_mod.launch(k.gpu, k.module.function("tf_attention_prompt"), .{ .grid = grid, .block = .{ @intCast(32 * warps), 1, 1 }, .shared_bytes = prompt_attention_shared_bytes }, ptrs, "launch tf_attention_prompt", k.diag);
+        try k.runShared("tf_attention_prompt", grid, @intCast(32 * warps), prompt_attention_shared_bytes, ptrs);
     }
 
     pub const Route = struct {
