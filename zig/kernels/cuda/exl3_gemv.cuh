@@ -1,17 +1,19 @@
 // The trellis GEMV body of tf_exl3_item_linear and tf_exl3_group_linear (glm_forward.cu): one warp
-// walks one 16-column tile column over a k split's tile rows and accumulates lane t's two output
-// columns, t/4 and t/4 + 8, for each of up to R rows that share the decoded tiles. A lane's weights
-// come from exl3_tile_decode.cuh. With K and the codebook template parameters a weight costs 8.5
-// SASS instructions at K = 3 with MUL1 and 10.4 with 3INST, the FMA included (cuobjdump,
-// docs/measurements.md). Half-integer rates keep a general path (their positions are not evenly
-// spaced).
+// walks one 16-column tile column over a k split's tile rows for up to R rows that share the
+// decoded tiles. A lane's eight decoded weights (exl3_tile_decode.cuh) are, as they come, its
+// fragment of the tile's transpose as the A operand of mma.m16n8k16 (EXL3.md §4); the rows' rotated
+// inputs are the B operand, 8 rows per n8 block, as fp16 high and low parts (x = hi + lo to ~22
+// bits) read by ldmatrix from the block's shared planes. Each tile is two mma per n8 block (hi·w,
+// then lo·w) into fp32 accumulators, so the dot products leave the ALU: what a weight costs is its
+// decode (cuobjdump, docs/measurements.md), and 16 rows cost about what one does.
 //
-// The tile loop issues the ring loads of kGemvUnroll tiles before decoding any of them, so a warp has
-// several DRAM reads in flight instead of one dependent read per tile.
+// Summation order, for every rate and path: per output, tile rows ascending, each tile as one mma of
+// the high parts and one of the low parts. An output's bits depend only on its own row's inputs
+// (the tensor core computes each D element from its own row and column), never on how many rows
+// share the tiles. Half-integer rates decode through a general path into the same accumulation.
 //
-// Summation order, for every path: per lane, tile rows ascending, and within a tile
-// x0·w0 + x1·w1 + x8·w2 + x9·w3 (and w4..w7 for the second column), all fmaf: the same order as the
-// general path, so the outputs depend neither on the path nor on how many rows share the tiles.
+// The tile loop issues the ring loads of kGemvUnroll tiles before decoding any of them, so a warp
+// has several DRAM reads in flight instead of one dependent read per tile.
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -19,30 +21,63 @@
 #include "exl3_codebook.cuh"
 #include "exl3_tile_decode.cuh"
 #include "exl3_trellis.cuh"
+#include "mma.cuh"
 
 namespace tf {
 
 constexpr int kGemvUnroll = 8;
 
-struct GemvLane {
-    int lane;
-    int quad;  // lane % 4: the row group 2·quad + {0, 1, 8, 9}
+// The rotated inputs of a k split in shared memory: `rows` rows of fp16 high parts at hi, low parts
+// at lo, `pitch` halves apart (x[0] is input channel 16·first), and 16 zero bytes at `zero` that
+// ldmatrix reads for rows past `rows`.
+struct GemvPlanes {
+    const half* hi;
+    const half* lo;
+    int pitch;
+    int rows;
+    const half* zero;
 };
 
-// Up to R rows share each decoded tile: rows < R of them (x rows `x_stride` floats apart) are live.
-// Every row's sum is formed exactly as a single row's would be.
+// The accumulators of one warp: d[j] is the n8 block of rows 8j..8j+7; lane (g, q) = (lane/4, lane%4)
+// holds columns g and g + 8 of the tile column for rows 8j + 2q and 8j + 2q + 1:
+// d[j] = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)}.
 template <int R>
-__device__ __forceinline__ void gemv_accumulate(const float* xs, int x_stride, int rows, const float (&w)[8], float (&acc0)[R], float (&acc1)[R]) {
+struct GemvMma {
+    static constexpr int kBlocks = (R + 7) / 8;
+    float d[kBlocks][4];
+    const half* source[kBlocks];  // this lane's ldmatrix row at tile 0
+    int step[kBlocks];            // halves per tile (0 for the zero row)
+    int rows;
+
+    __device__ __forceinline__ GemvMma(const GemvPlanes& x, int lane) : rows(x.rows) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (r < rows) {
-            const float2 x01 = *reinterpret_cast<const float2*>(xs + r * x_stride);
-            const float2 x89 = *reinterpret_cast<const float2*>(xs + r * x_stride + 8);
-            acc0[r] = fmaf(x01.x, w[0], acc0[r]); acc0[r] = fmaf(x01.y, w[1], acc0[r]); acc0[r] = fmaf(x89.x, w[2], acc0[r]); acc0[r] = fmaf(x89.y, w[3], acc0[r]);
-            acc1[r] = fmaf(x01.x, w[4], acc1[r]); acc1[r] = fmaf(x01.y, w[5], acc1[r]); acc1[r] = fmaf(x89.x, w[6], acc1[r]); acc1[r] = fmaf(x89.y, w[7], acc1[r]);
+        for (int j = 0; j < kBlocks; ++j) {
+            // ldmatrix.x4: lanes 8i..8i+7 give the rows of matrix i = (hi k0-7, hi k8-15, lo k0-7, lo k8-15).
+            const int row = 8 * j + lane % 8;
+            const half* plane = lane >= 16 ? x.lo : x.hi;
+            const bool live = row < x.rows;
+            source[j] = live ? plane + row * x.pitch + 8 * ((lane / 8) % 2) : x.zero;
+            step[j] = live ? 16 : 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) d[j][i] = 0.f;
         }
     }
-}
+
+    // w: the lane's decoded weights of the tile `tile` rows past the split's first.
+    __device__ __forceinline__ void add(const half (&w)[8], int tile) {
+        const uint32_t a[4] = {pack_halves(w[0], w[1]), pack_halves(w[4], w[5]), pack_halves(w[2], w[3]), pack_halves(w[6], w[7])};
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j) {
+            if (8 * j >= rows) break;
+            uint32_t b[4];
+            ldmatrix_x4(b, source[j] + tile * step[j]);
+            const uint32_t high[2] = {b[0], b[1]};
+            const uint32_t low[2] = {b[2], b[3]};
+            mma_16816(d[j], a, high);
+            mma_16816(d[j], a, low);
+        }
+    }
+};
 
 // A single row streams its weights past L2 (read once per step); rows that share an expert's tiles
 // keep them in L2 for the other groups of the same expert.
@@ -53,22 +88,17 @@ __device__ __forceinline__ uint32_t load_ring(const uint32_t* p) {
 }
 
 // K integer 1..8, CB the codebook. `ring` points at the tile column's first tile (tile row 0);
-// consecutive tile rows are `row_stride` uint32 words apart; x holds the rotated input of tile rows
-// first..last-1 (x[0] is input channel 16·first), `rows` (<= R) rows `x_stride` floats apart.
+// consecutive tile rows are `row_stride` uint32 words apart; the split covers tile rows first..last-1.
 template <int K, int CB, int R>
-__device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
-                                                 int x_stride, int rows, int first, int last, GemvLane g, float (&acc0)[R],
-                                                 float (&acc1)[R]) {
+__device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ring, size_t row_stride, int first, int last, int lane,
+                                                 GemvMma<R>& acc) {
     constexpr int kRingWords = 8 * K;
     constexpr int kTwoLoads = kRingWords > 32;
-    const LaneWindow<K> window(g.lane);
+    const LaneWindow<K> window(lane);
     const auto decode_tile = [&](uint32_t word_a, uint32_t word_b, int tile_row) {
-        half h[8];
-        decode_lane<K, CB>(word_a, word_b, window, h);
-        float w[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) w[e] = __half2float(h[e]);
-        gemv_accumulate<R>(x + (tile_row - first) * 16 + 2 * g.quad, x_stride, rows, w, acc0, acc1);
+        half w[8];
+        decode_lane<K, CB>(word_a, word_b, window, w);
+        acc.add(w, tile_row - first);
     };
 
     int tile_row = first;
@@ -77,63 +107,60 @@ __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ri
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; ++u) {
             const uint32_t* tile = ring + static_cast<size_t>(tile_row + u) * row_stride;
-            a[u] = g.lane < kRingWords ? load_ring<R>(tile + g.lane) : 0u;
-            b[u] = kTwoLoads && g.lane + 32 < kRingWords ? load_ring<R>(tile + g.lane + 32) : 0u;
+            a[u] = lane < kRingWords ? load_ring<R>(tile + lane) : 0u;
+            b[u] = kTwoLoads && lane + 32 < kRingWords ? load_ring<R>(tile + lane + 32) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; ++u) decode_tile(a[u], b[u], tile_row + u);
     }
     for (; tile_row < last; ++tile_row) {
         const uint32_t* tile = ring + static_cast<size_t>(tile_row) * row_stride;
-        const uint32_t a = g.lane < kRingWords ? load_ring<R>(tile + g.lane) : 0u;
-        const uint32_t b = kTwoLoads && g.lane + 32 < kRingWords ? load_ring<R>(tile + g.lane + 32) : 0u;
+        const uint32_t a = lane < kRingWords ? load_ring<R>(tile + lane) : 0u;
+        const uint32_t b = kTwoLoads && lane + 32 < kRingWords ? load_ring<R>(tile + lane + 32) : 0u;
         decode_tile(a, b, tile_row);
     }
 }
 
 // Any rate, the codebook at run time: every state's words and shift computed from end_bit.
 template <int R>
-__device__ __forceinline__ void gemv_tiles_general(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
-                                                   int x_stride, int rows, int first, int last, int bits2, int codebook, GemvLane g,
-                                                   float (&acc0)[R], float (&acc1)[R]) {
+__device__ __forceinline__ void gemv_tiles_general(const uint32_t* __restrict__ ring, size_t row_stride, int first, int last, int bits2,
+                                                   int codebook, int lane, GemvMma<R>& acc) {
     const int ring_words = 4 * bits2;
     const uint32_t ring_bits = 32u * ring_words;
     for (int tile_row = first; tile_row < last; ++tile_row) {
         const uint32_t* tile = ring + static_cast<size_t>(tile_row) * row_stride;
-        const uint32_t word_a = g.lane < ring_words ? tile[g.lane] : 0u;
-        const uint32_t word_b = g.lane + 32 < ring_words ? tile[g.lane + 32] : 0u;
-        const uint32_t first_bit = end_bit(bits2, 8 * g.lane) + ring_bits - 16;
+        const uint32_t word_a = lane < ring_words ? tile[lane] : 0u;
+        const uint32_t word_b = lane + 32 < ring_words ? tile[lane + 32] : 0u;
+        const uint32_t first_bit = end_bit(bits2, 8 * lane) + ring_bits - 16;
         const uint32_t first_word = first_bit >> 5;
         uint32_t words[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) words[j] = ring_word(word_a, word_b, static_cast<int>((first_word + j) % ring_words));
         // A run-time index would put `words` in local memory: select among the registers instead.
         const auto word_at = [&](uint32_t j) { return j == 0 ? words[0] : j == 1 ? words[1] : j == 2 ? words[2] : words[3]; };
-        float w[8];
+        half w[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const uint32_t end = end_bit(bits2, 8 * g.lane + e) + ring_bits;
+            const uint32_t end = end_bit(bits2, 8 * lane + e) + ring_bits;
             const uint32_t high = word_at(((end - 16) >> 5) - first_word);
             const uint32_t low = word_at(((end - 1) >> 5) - first_word);
             const uint32_t shift = 32u * (((end - 1) >> 5) + 1) - end;
             const uint32_t state = static_cast<uint32_t>(((static_cast<uint64_t>(high) << 32) | low) >> shift) & 0xFFFFu;
-            w[e] = __half2float(decode_state(state, codebook));
+            w[e] = decode_state(state, codebook);
         }
-        gemv_accumulate<R>(x + (tile_row - first) * 16 + 2 * g.quad, x_stride, rows, w, acc0, acc1);
+        acc.add(w, tile_row - first);
     }
 }
 
 // Picks the compiled body for (bits2, codebook); half-integer rates take the general one.
 template <int R>
-__device__ __forceinline__ void gemv_tiles(const uint32_t* __restrict__ ring, size_t row_stride, const float* __restrict__ x,
-                                           int x_stride, int rows, int first, int last, int bits2, int codebook, GemvLane g,
-                                           float (&acc0)[R], float (&acc1)[R]) {
-#define TF_GEMV_ARGS ring, row_stride, x, x_stride, rows, first, last, g, acc0, acc1
-#define TF_GEMV_CASE(k)                                                                      \
-    case 2 * k:                                                                              \
-        if (codebook == kInst3) gemv_tiles_fixed<k, kInst3, R>(TF_GEMV_ARGS);                \
-        else if (codebook == kMcg) gemv_tiles_fixed<k, kMcg, R>(TF_GEMV_ARGS);               \
-        else gemv_tiles_fixed<k, kMul1, R>(TF_GEMV_ARGS);                                    \
+__device__ __forceinline__ void gemv_tiles(const uint32_t* __restrict__ ring, size_t row_stride, int first, int last, int bits2, int codebook,
+                                           int lane, GemvMma<R>& acc) {
+#define TF_GEMV_CASE(k)                                                                                    \
+    case 2 * k:                                                                                            \
+        if (codebook == kInst3) gemv_tiles_fixed<k, kInst3, R>(ring, row_stride, first, last, lane, acc);  \
+        else if (codebook == kMcg) gemv_tiles_fixed<k, kMcg, R>(ring, row_stride, first, last, lane, acc); \
+        else gemv_tiles_fixed<k, kMul1, R>(ring, row_stride, first, last, lane, acc);                      \
         return;
     switch (bits2) {
         TF_GEMV_CASE(1)
@@ -144,10 +171,9 @@ __device__ __forceinline__ void gemv_tiles(const uint32_t* __restrict__ ring, si
         TF_GEMV_CASE(6)
         TF_GEMV_CASE(7)
         TF_GEMV_CASE(8)
-        default: gemv_tiles_general<R>(ring, row_stride, x, x_stride, rows, first, last, bits2, codebook, g, acc0, acc1);
+        default: gemv_tiles_general<R>(ring, row_stride, first, last, bits2, codebook, lane, acc);
     }
 #undef TF_GEMV_CASE
-#undef TF_GEMV_ARGS
 }
 
 }  // namespace tf

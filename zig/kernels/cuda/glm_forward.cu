@@ -153,8 +153,9 @@ struct Exl3Layer {
 // One 256-thread block per (128 output columns, k split, item) — or, on the grouped path, per
 // (128 columns, k split, group of up to 16 items of one layer), so that a decoded tile serves all
 // of them. The block first rotates its split's 256 input channels of each of its items into shared
-// memory (128-chunks, a warp each), then each warp runs the trellis GEMV of one 16-column tile
-// column over the split's 16 tile rows (exl3_gemv.cuh) and writes each item's partial sums. The
+// memory as fp16 high/low planes (128-chunks, a warp each), then each warp runs the trellis GEMV of
+// one 16-column tile column over the split's 16 tile rows on tensor cores (exl3_gemv.cuh) and
+// writes each item's partial sums. The
 // last block of a (key, 128 columns) to finish, told by a counter, sums the splits' partials in
 // ascending split order (so the result does not depend on which block came last), applies the
 // output Hadamard, svh and bias, and resets the counter for the next launch.
@@ -181,10 +182,20 @@ struct LinearArgs {
     int codebook;
 };
 
+// The rotated inputs of a block's split, as fp16 high/low planes for the GEMV's ldmatrix (rows
+// 528 bytes apart: the 8 rows of an ldmatrix phase fall in distinct banks).
+constexpr int kPlanePitch = kSplitChannels + 8;
+template <int R>
+struct LinearInputs {
+    __align__(16) half hi[R][kPlanePitch];
+    __align__(16) half lo[R][kPlanePitch];
+    __align__(16) half zero[8];
+};
+
 // One block's work for `rows` items (item_sh[0..rows)) of `layer`; `key` names its counter.
 template <int R>
 __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Layer& layer, const int* item_sh, int rows,
-                                             unsigned int* __restrict__ counter, float (*xs)[kSplitChannels]) {
+                                             unsigned int* __restrict__ counter, LinearInputs<R>& xs) {
     __shared__ int last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
@@ -195,6 +206,7 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
     const int last = min(a.k_p / 16, first + kSplitChannels / 16);
     const int chunks = (last - first) * 16 / kHadamard;
 
+    if (threadIdx.x < 8) xs.zero[threadIdx.x] = __ushort_as_half(0);
     for (int task = warp; task < rows * chunks; task += kLinearWarps) {
         const int r = task / chunks;
         const int c = task % chunks;
@@ -213,33 +225,29 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
             v[i] = value;
         }
         hadamard128(v);
-        for (int i = 0; i < 4; ++i) xs[r][c * kHadamard + 4 * lane + i] = v[i];
+        uint32_t hi[2], lo[2];
+        tf::split_pair(v[0], v[1], hi[0], lo[0]);
+        tf::split_pair(v[2], v[3], hi[1], lo[1]);
+        *reinterpret_cast<uint2*>(&xs.hi[r][c * kHadamard + 4 * lane]) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(&xs.lo[r][c * kHadamard + 4 * lane]) = make_uint2(lo[0], lo[1]);
     }
     __syncthreads();
 
     const int tile_column = chunk * kLinearWarps + warp;
-    const int quad = lane % 4;
     const size_t row_stride = static_cast<size_t>(a.n_p / 16) * 4 * a.bits2;  // uint32 words per tile row
     const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * a.bits2;
-    float acc0[R], acc1[R];
+    tf::GemvMma<R> acc(tf::GemvPlanes{&xs.hi[0][0], &xs.lo[0][0], kPlanePitch, rows, xs.zero}, lane);
+    tf::gemv_tiles<R>(ring, row_stride, first, last, a.bits2, a.codebook, lane, acc);
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = 0.f;
-    tf::gemv_tiles<R>(ring, row_stride, &xs[0][0], kSplitChannels, rows, first, last, a.bits2, a.codebook, {lane, quad}, acc0, acc1);
+    for (int j = 0; j < tf::GemvMma<R>::kBlocks; ++j)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (r >= rows) continue;
-        // The four lanes of a column quad hold its four row groups: a fixed two-step tree.
-        float s0 = acc0[r], s1 = acc1[r];
-        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
-        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
-        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
-        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
-        if (quad == 0) {
+        for (int h = 0; h < 2; ++h) {
+            const int r = 8 * j + 2 * (lane % 4) + h;
+            if (r >= rows) continue;
             float* out = a.partial + (static_cast<size_t>(split) * a.items + item_sh[r]) * a.n_p + tile_column * 16 + lane / 4;
-            out[0] = s0;
-            out[8] = s1;
+            out[0] = acc.d[j][h];
+            out[8] = acc.d[j][2 + h];
         }
-    }
 
     __threadfence();  // the partials are visible GPU-wide before the counter says so
     __syncthreads();
@@ -275,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_item_linear(
     const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
     unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
     int out_features, int k_p, int n_p, int bits2, int codebook) {
-    __shared__ float xs[1][kSplitChannels];
+    __shared__ LinearInputs<1> xs;
     __shared__ int item_sh[1];
     const int item = blockIdx.z;
     if (item >= items) return;
@@ -296,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,
     float* __restrict__ partial, unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items,
     int in_features, int out_features, int k_p, int n_p, int bits2, int codebook) {
-    __shared__ float xs[kGroupRows][kSplitChannels];
+    __shared__ LinearInputs<kGroupRows> xs;
     __shared__ int item_sh[kGroupRows];
     const int group = blockIdx.z;
     if (group >= *group_total) return;
