@@ -152,9 +152,9 @@ struct Exl3Layer {
 //
 // One 256-thread block per (128 output columns, k split, item) — or, on the grouped path, per
 // (128 columns, k split, group of up to 16 items of one layer), so that a decoded tile serves all
-// of them. The block first rotates its split's 256 input channels of each of its items into shared
+// of them. The block first rotates its split's 512 input channels of each of its items into shared
 // memory as fp16 high/low planes (128-chunks, a warp each), then each warp runs the trellis GEMV of
-// one 16-column tile column over the split's 16 tile rows on tensor cores (exl3_gemv.cuh) and
+// one 16-column tile column over the split's 32 tile rows on tensor cores (exl3_gemv.cuh) and
 // writes each item's partial sums. The
 // last block of a (key, 128 columns) to finish, told by a counter, sums the splits' partials in
 // ascending split order (so the result does not depend on which block came last), applies the
@@ -163,7 +163,7 @@ struct Exl3Layer {
 // Every item's arithmetic is the same on both paths and for any grouping: a row's bits depend on
 // the shape alone, never on its batch.
 constexpr int kLinearWarps = 8;
-constexpr int kSplitChannels = 256;  // 16 tile rows: tiles_per_split in glm_kernels.zig
+constexpr int kSplitChannels = 512;  // 32 tile rows: tiles_per_split in glm_kernels.zig
 constexpr int kGroupRows = 16;
 
 struct LinearArgs {

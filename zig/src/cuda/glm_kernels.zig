@@ -51,11 +51,12 @@ comptime {
     std.debug.assert(@sizeOf(Exl3Layer) == 32);
 }
 
-/// Tile rows per split of the GEMV's k loop: 16 (256 input channels, the kernel's shared buffer),
-/// so that decode has enough warps in flight (a profile of a GLM-4.5-Air layer on the H200 showed
-/// 96-tile chains serializing o_proj). A function of the shape alone, so a row's sum does not
-/// depend on how many rows are batched.
-pub const tiles_per_split = 16;
+/// Tile rows per split of the GEMV's k loop: 32 (512 input channels, the kernel's shared planes).
+/// Shorter splits repeat each block's input rotation and partial sums for fewer tiles (16 tile rows:
+/// the Air expert layer at M = 1 took 86.2 us on the H200, 32: 80.6); much longer ones leave too
+/// few warps in flight (a profile of a GLM-4.5-Air layer showed 96-tile chains serializing o_proj).
+/// A function of the shape alone, so a row's sum does not depend on how many rows are batched.
+pub const tiles_per_split = 32;
 
 pub fn splitsFor(k_p: usize) usize {
     return std.math.divCeil(usize, k_p / 16, tiles_per_split) catch unreachable;
