@@ -79,14 +79,20 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], 
             }
         asm volatile("cp.async.commit_group;\n" ::);
     };
+    // Ring pointers stepped a slab at a time (a 64-bit row · stride product per load cost ~8
+    // instructions).
+    const uint32_t* next_ring[2] = {ring[0] + lane, second ? ring[1] + lane : ring[0] + lane};
+    const bool has_word = lane < kRingWords;
     const auto load_words = [&](int slab, uint32_t (&words)[2][2]) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                const bool live = slab < slabs && lane < kRingWords && (c == 0 || second);
-                words[t][c] = live ? __ldg(ring[c] + static_cast<size_t>(2 * slab + t) * row_stride + lane) : 0u;
+                const bool live = slab < slabs && has_word && (c == 0 || second);
+                words[t][c] = live ? __ldg(next_ring[c] + t * row_stride) : 0u;
             }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) next_ring[c] += 2 * row_stride;
     };
 
 #pragma unroll
