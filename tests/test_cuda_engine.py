@@ -185,6 +185,37 @@ def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
         assert run[0] == run[1] and len(run[0]) == 12, name
 
 
+def test_k_and_v_in_one_launch_or_two_give_the_same_bits(monkeypatch):
+    """Each attention layer's k and v projections (EXL3 of one shape) run as one GEMV launch over
+    both unless TF_CUDA_KV_PAIR=0 launches them apart: prompt logits, the log-probabilities of
+    generated tokens, and a step of generated rows beside a prompt are the same bits either way."""
+    p = prompts()
+    paired = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3)
+    monkeypatch.setenv("TF_CUDA_KV_PAIR", "0")
+    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3)
+    assert paired.stats()["kv_pairs"] == model_config("3.0")["num_hidden_layers"]
+    assert apart.stats()["kv_pairs"] == 0
+    for name, tokens in p.items():
+        assert np.array_equal(paired.logits(tokens).view(np.uint32), apart.logits(tokens).view(np.uint32)), name
+        run = [[(e.token, e.logprob) for e in engine.stream(tokens, 12, temperature=0.8, seed=4, stop_token_ids=[])]
+               for engine in (paired, apart)]
+        assert run[0] == run[1] and len(run[0]) == 12, name
+    # A step of generated rows beside prompt rows: the pair's GEMV for the one, the prompt kernels
+    # linear by linear for the other.
+    def mixed(engine):
+        sampling = trellisforge.Sampling(max_tokens=6, temperature=0.9, seed=5)
+        first = engine.add(p["chat"], sampling, stop_token_ids=[])
+        events, steps = [], 0
+        while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+            steps += 1
+            if steps == 3:
+                engine.add(p["long"], trellisforge.Sampling(max_tokens=2), stop_token_ids=[])
+            events += [(e.sequence_id == first, e.token, e.logprob) for e in engine.step()]
+        return events
+
+    assert mixed(paired) == mixed(apart)
+
+
 def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkeypatch):
     """Steps of up to 32 rows run tf_attention a block per (row, KV head, split) and fold the splits
     after (flash-decoding); TF_CUDA_ATTENTION_SPREAD=0 runs one block per (row, KV head) folding

@@ -162,7 +162,7 @@ class Engine:
         return {name: getattr(out, name) for name in (
             "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
             "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
-            "prompt_rows", "prompt_layers", "gpu_sampled")}
+            "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs")}
 
     # ---- high level ----
 

@@ -169,6 +169,7 @@ typedef struct {
     uint64_t prompt_rows;        /* prompt rows the GPU ran through its tensor-core prompt kernels */
     uint64_t prompt_layers;      /* MoE layers whose experts those kernels take (the rest: GEMV) */
     uint64_t gpu_sampled;        /* tokens sampled on the GPU (temperature, top-k/p, min-p rows) */
+    uint64_t kv_pairs;           /* attention layers whose k and v projections run as one GPU launch */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

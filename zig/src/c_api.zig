@@ -390,7 +390,7 @@ comptime {
     std.debug.assert(@sizeOf(engine_mod.Params) == 28);
     std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 48);
     std.debug.assert(@sizeOf(engine_mod.Record) == 184);
-    std.debug.assert(@sizeOf(engine_mod.Stats) == 64);
+    std.debug.assert(@sizeOf(engine_mod.Stats) == 72);
 }
 
 const EngineHandle = struct {

@@ -57,6 +57,7 @@ pub const Stats = extern struct {
     prompt_rows: u64,
     prompt_layers: u64,
     gpu_sampled: u64,
+    kv_pairs: u64,
 };
 
 pub const stop_tokens_max = 64;
@@ -381,6 +382,7 @@ pub const Engine = struct {
             .prompt_rows = if (engine.gpu_model) |model| model.prompt_rows else 0,
             .prompt_layers = if (engine.gpu_model) |model| model.promptLayers() else 0,
             .gpu_sampled = engine.gpu_sampled,
+            .kv_pairs = if (engine.gpu_model) |model| model.kvPairs() else 0,
         };
     }
 

@@ -54,6 +54,9 @@ const GpuBlock = struct {
     k: GpuLinear,
     v: GpuLinear,
     o: GpuLinear,
+    /// A two-entry table (k, v) when both are EXL3 of one shape (pairTable): one launch runs both,
+    /// their outputs one after the other in model.k. 0 otherwise.
+    kv_pair: Ptr = 0,
     q_norm: Ptr,
     k_norm: Ptr,
     ffn: union(enum) {
@@ -301,6 +304,7 @@ pub const GpuModel = struct {
                     },
                 },
             };
+            if (!core.switches.off("TF_CUDA_KV_PAIR")) target.kv_pair = try model.pairTable(&target.k, &target.v, diag);
         }
         for (weights.blocks, model.blocks) |*block, *target| switch (block.ffn) {
             .dense => {},
@@ -324,19 +328,25 @@ pub const GpuModel = struct {
             .down = try model.uploadLinear(&source.down, diag),
             .pair = 0,
         };
-        if (mlp.gate.kind == .exl3 and mlp.up.kind == .exl3) {
+        mlp.pair = try model.pairTable(&mlp.gate, &mlp.up, diag);
+        if (mlp.pair != 0 and mlp.down.kind == .exl3) {
             const g = mlp.gate.kind.exl3;
-            const u = mlp.up.kind.exl3;
-            if (g.k_p == u.k_p and g.n_p == u.n_p and g.bits2 == u.bits2 and g.codebook == u.codebook and mlp.gate.out_features == mlp.up.out_features) {
-                const entries = [2]K.Exl3Layer{ g.entry, u.entry };
-                mlp.pair = try model.put(std.mem.sliceAsBytes(&entries), diag);
-                if (mlp.down.kind == .exl3) {
-                    const d = mlp.down.kind.exl3;
-                    mlp.prompt = g.prompt and d.prompt and P.eligibleMlp(promptShape(g), promptShape(u), promptShape(d), mlp.gate.out_features);
-                }
-            }
+            const d = mlp.down.kind.exl3;
+            mlp.prompt = g.prompt and d.prompt and P.eligibleMlp(promptShape(g), promptShape(mlp.up.kind.exl3), promptShape(d), mlp.gate.out_features);
         }
         return mlp;
+    }
+
+    /// A two-entry table (first, second) on the GPU when both linears are EXL3 of one shape, rate
+    /// and codebook on the same input, so that one launch runs both (runPair); 0 otherwise.
+    fn pairTable(model: *GpuModel, first: *const GpuLinear, second: *const GpuLinear, diag: *Diagnostic) Error!Ptr {
+        if (first.kind != .exl3 or second.kind != .exl3) return 0;
+        const a = first.kind.exl3;
+        const b = second.kind.exl3;
+        if (a.k_p != b.k_p or a.n_p != b.n_p or a.bits2 != b.bits2 or a.codebook != b.codebook or a.prompt != b.prompt) return 0;
+        if (first.in_features != second.in_features or first.out_features != second.out_features) return 0;
+        const entries = [2]K.Exl3Layer{ a.entry, b.entry };
+        return model.put(std.mem.sliceAsBytes(&entries), diag);
     }
 
     fn exl3Entry(model: *GpuModel, layer: *const exl3.Layer, out_features: usize, diag: *Diagnostic) Error!K.Exl3Layer {
@@ -486,7 +496,7 @@ pub const GpuModel = struct {
         model.hidden = try model.alloc(rows * c.hidden_size * f, diag);
         model.normed = try model.alloc(rows * c.hidden_size * f, diag);
         model.q = try model.alloc(rows * c.heads * c.head_dim * f, diag);
-        model.k = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
+        model.k = try model.alloc(2 * rows * c.kv_heads * c.head_dim * f, diag); // k, then v of a kv_pair
         model.v = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
         model.attention_out = try model.alloc(rows * c.heads * c.head_dim * f, diag);
         model.attention_spread_rows = if (core.switches.off("TF_CUDA_ATTENTION_SPREAD")) 0 else @min(rows, attention_spread_rows_max);
@@ -588,7 +598,7 @@ pub const GpuModel = struct {
 
     /// The row tables of a prompt step (i32 each, rows_max apart): the prompt flag per row, the
     /// table entry per row for the GEMV (0, or -1 for a prompt row) and for the prompt kernels (the
-    /// other way round), and the GEMV's entries for a gate/up pair (gate rows, then up rows).
+    /// other way round), and the GEMV's entries for a pair table (first rows, then second rows).
     const row_table_count = 5;
     fn rowTable(model: *const GpuModel, comptime which: enum { flag, gemv, prompt, pair }) Ptr {
         return model.row_tables + @intFromEnum(which) * model.limits.rows_max * 4;
@@ -630,6 +640,7 @@ pub const GpuModel = struct {
         Need.linear(&need, &model.lm_head, l.logits_rows_max);
         for (model.blocks) |*block| {
             for ([_]*const GpuLinear{ &block.q, &block.k, &block.v, &block.o }) |linear| Need.linear(&need, linear, l.rows_max);
+            if (block.kv_pair != 0) Need.add(&need, block.k.kind.exl3.k_p, block.k.kind.exl3.n_p, 2 * l.rows_max, 2);
             switch (block.ffn) {
                 .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),
                 .moe => |*moe| {
@@ -644,6 +655,12 @@ pub const GpuModel = struct {
     }
 
     /// MoE layers whose routed experts the prompt kernels take.
+    pub fn kvPairs(model: *const GpuModel) u64 {
+        var count: u64 = 0;
+        for (model.blocks) |*block| count += @intFromBool(block.kv_pair != 0);
+        return count;
+    }
+
     pub fn promptLayers(model: *const GpuModel) u64 {
         var count: u64 = 0;
         for (model.blocks) |*block| switch (block.ffn) {
@@ -827,8 +844,14 @@ pub const GpuModel = struct {
     fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, layer: usize, rows: usize) Error!void {
         const c = model.config;
         try model.runLinear(k, &block.q, model.normed, model.q, rows, 0);
-        try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
-        try model.runLinear(k, &block.v, model.normed, model.v, rows, 0);
+        var v = model.v;
+        if (block.kv_pair != 0) {
+            v = model.k + rows * block.k.out_features * @sizeOf(f32);
+            try model.runPair(k, &block.k, &block.v, block.kv_pair, model.normed, model.k, rows);
+        } else {
+            try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
+            try model.runLinear(k, &block.v, model.normed, model.v, rows, 0);
+        }
         const kv: K.Kernels.PagedKv = .{
             .cache_k = model.cache_k,
             .cache_v = model.cache_v,
@@ -846,7 +869,7 @@ pub const GpuModel = struct {
         try k.qkRopeStore(.{
             .q = model.q,
             .k = model.k,
-            .v = model.v,
+            .v = v,
             .q_norm = block.q_norm,
             .k_norm = block.k_norm,
             .cos_sin = model.cos_sin,
@@ -884,6 +907,31 @@ pub const GpuModel = struct {
         };
     }
 
+    /// The GEMV of a pair table (pairTable) over the same rows: first's outputs at y, second's
+    /// after them. With `prompt`, for the generated rows only (the prompt rows' entries say -1).
+    fn pairGemv(model: *GpuModel, k: K.Kernels, first: *const GpuLinear, table: Ptr, x: Ptr, y: Ptr, rows: usize, prompt: bool) Error!void {
+        var call = model.exl3Call(first.kind.exl3, table, first.in_features, first.out_features, x, y, 2 * rows);
+        call.group_items = rows;
+        if (prompt) {
+            call.layer_of_item = model.rowTable(.pair);
+            call.layers = 2;
+        }
+        if (!prompt or model.step_decode) try k.exl3Linear(call);
+    }
+
+    /// Two linears of one pair table on the same rows, as runLinear would run each: the generated
+    /// rows in one GEMV launch, a prompt step's prompt rows on the prompt kernels, linear by linear.
+    fn runPair(model: *GpuModel, k: K.Kernels, first: *const GpuLinear, second: *const GpuLinear, table: Ptr, x: Ptr, y: Ptr, rows: usize) Error!void {
+        const prompt = model.step_prompt and first.kind.exl3.prompt;
+        try model.pairGemv(k, first, table, x, y, rows, prompt);
+        if (!prompt) return;
+        const width = first.out_features * @sizeOf(f32);
+        for ([2]*const GpuLinear{ first, second }, [2]Ptr{ y, y + rows * width }) |linear, out| {
+            const e = linear.kind.exl3;
+            try model.launcher(k).runLinear(model.prompt_scratch.?, x, rows, 1, model.rowTable(.prompt), e.table, promptShape(e), linear.in_features, linear.out_features, out);
+        }
+    }
+
     /// rows_wanted: 0, or a device array naming which rows of x to run (the logits rows).
     fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Ptr, y: Ptr, rows: usize, rows_wanted: Ptr) Error!void {
         switch (linear.kind) {
@@ -913,13 +961,7 @@ pub const GpuModel = struct {
         const up = model.gate + rows * width * @sizeOf(f32);
         const prompt = model.step_prompt and mlp.prompt;
         if (mlp.pair != 0) {
-            var call = model.exl3Call(mlp.gate.kind.exl3, mlp.pair, mlp.gate.in_features, width, x, model.gate, 2 * rows);
-            call.group_items = rows;
-            if (prompt) {
-                call.layer_of_item = model.rowTable(.pair);
-                call.layers = 2;
-            }
-            if (!prompt or model.step_decode) try k.exl3Linear(call);
+            try model.pairGemv(k, &mlp.gate, mlp.pair, x, model.gate, rows, prompt);
         } else {
             try model.runLinear(k, &mlp.gate, x, model.gate, rows, 0);
             try model.runLinear(k, &mlp.up, x, up, rows, 0);
