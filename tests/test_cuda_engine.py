@@ -170,6 +170,16 @@ def test_generated_rows_keep_their_bits_when_prompt_rows_share_the_step():
     assert run(True) == alone
 
 
+def assert_same_bits(a, b, p):
+    """Two engines of one checkpoint on two paths: every prompt's logits (prompt kernels) and the
+    log-probabilities of 12 sampled tokens after it (GEMV) are the same bits."""
+    for name, tokens in p.items():
+        assert np.array_equal(a.logits(tokens).view(np.uint32), b.logits(tokens).view(np.uint32)), name
+        run = [[(e.token, e.logprob) for e in engine.stream(tokens, 12, temperature=0.8, seed=4, stop_token_ids=[])]
+               for engine in (a, b)]
+        assert run[0] == run[1] and len(run[0]) == 12, name
+
+
 def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
     """The shared expert rides in the routed experts' launches (the last slot of each row, weight
     1) unless TF_CUDA_SHARED_MERGE=0 keeps it on its own: prompt logits (prompt kernels) and the
@@ -178,11 +188,7 @@ def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
     merged = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
     monkeypatch.setenv("TF_CUDA_SHARED_MERGE", "0")
     apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
-    for name, tokens in p.items():
-        assert np.array_equal(merged.logits(tokens).view(np.uint32), apart.logits(tokens).view(np.uint32)), name
-        run = [[(e.token, e.logprob) for e in engine.stream(tokens, 12, temperature=0.8, seed=4, stop_token_ids=[])]
-               for engine in (merged, apart)]
-        assert run[0] == run[1] and len(run[0]) == 12, name
+    assert_same_bits(merged, apart, p)
 
 
 def test_k_and_v_in_one_launch_or_two_give_the_same_bits(monkeypatch):
@@ -195,11 +201,7 @@ def test_k_and_v_in_one_launch_or_two_give_the_same_bits(monkeypatch):
     apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3)
     assert paired.stats()["kv_pairs"] == model_config("3.0")["num_hidden_layers"]
     assert apart.stats()["kv_pairs"] == 0
-    for name, tokens in p.items():
-        assert np.array_equal(paired.logits(tokens).view(np.uint32), apart.logits(tokens).view(np.uint32)), name
-        run = [[(e.token, e.logprob) for e in engine.stream(tokens, 12, temperature=0.8, seed=4, stop_token_ids=[])]
-               for engine in (paired, apart)]
-        assert run[0] == run[1] and len(run[0]) == 12, name
+    assert_same_bits(paired, apart, p)
     # A step of generated rows beside prompt rows: the pair's GEMV for the one, the prompt kernels
     # linear by linear for the other.
     def mixed(engine):
