@@ -90,7 +90,7 @@ pub const entries = [_]Entry{
     .{ .kernel = "tf_exl3_item_linear", .sm = 80, .registers = 64, .shared_bytes = 2112, .stack_bytes = 0, .local_bytes = 0 },
     .{ .kernel = "tf_exl3_item_linear", .sm = 86, .registers = 64, .shared_bytes = 2112, .stack_bytes = 0, .local_bytes = 0 },
     .{ .kernel = "tf_exl3_item_linear", .sm = 89, .registers = 64, .shared_bytes = 2112, .stack_bytes = 0, .local_bytes = 0 },
-    .{ .kernel = "tf_exl3_item_linear", .sm = 90, .registers = 48, .shared_bytes = 3136, .stack_bytes = 0, .local_bytes = 0 },
+    .{ .kernel = "tf_exl3_item_linear", .sm = 90, .registers = 40, .shared_bytes = 3136, .stack_bytes = 0, .local_bytes = 0 },
     .{ .kernel = "tf_exl3_item_linear", .sm = 120, .registers = 56, .shared_bytes = 3136, .stack_bytes = 0, .local_bytes = 0 },
     .{ .kernel = "tf_exl3_item_linear", .sm = 121, .registers = 56, .shared_bytes = 3136, .stack_bytes = 0, .local_bytes = 0 },
     .{ .kernel = "tf_exl3_prompt_down", .sm = 80, .registers = 127, .shared_bytes = 40960, .stack_bytes = 0, .local_bytes = 0 },
