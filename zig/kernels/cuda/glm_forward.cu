@@ -155,10 +155,10 @@ struct Exl3Layer {
 // of them. The block first rotates its split's 512 input channels of each of its items into shared
 // memory as fp16 high/low planes (128-chunks, a warp each), then each warp runs the trellis GEMV of
 // one 16-column tile column over the split's 32 tile rows on tensor cores (exl3_gemv.cuh) and
-// writes each item's partial sums. The
-// last block of a (key, 128 columns) to finish, told by a counter, sums the splits' partials in
-// ascending split order (so the result does not depend on which block came last), applies the
-// output Hadamard, svh and bias, and resets the counter for the next launch.
+// writes each item's partial sums. The last block of a (key, 128 columns) to finish, told by a
+// counter, sums the splits' partials in ascending split order (so the result does not depend on
+// which block came last), applies the output Hadamard, svh and bias, and resets the counter for the
+// next launch.
 //
 // Every item's arithmetic is the same on both paths and for any grouping: a row's bits depend on
 // the shape alone, never on its batch.
@@ -183,7 +183,8 @@ struct LinearArgs {
 };
 
 // The rotated inputs of a block's split, as fp16 high/low planes for the GEMV's ldmatrix (rows
-// 528 bytes apart: the 8 rows of an ldmatrix phase fall in distinct banks).
+// 1040 bytes apart, 16 past a multiple of 128: the 8 rows of an ldmatrix phase fall in distinct
+// banks).
 constexpr int kPlanePitch = kSplitChannels + 8;
 template <int R>
 struct LinearInputs {
