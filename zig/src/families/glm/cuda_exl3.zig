@@ -141,8 +141,8 @@ pub const GpuModel = struct {
     hidden: Ptr,
     normed: Ptr,
     q: Ptr,
+    /// k's rows, then v's (one pair launch writes both).
     k: Ptr,
-    v: Ptr,
     attention_out: Ptr,
     /// Steps of at most `attention_spread_rows` rows (32: partials of 32 rows x 32 splits, 51 MB
     /// for GLM-4.5) run attention a block per split, folded after (the same bits as a block per
@@ -496,8 +496,7 @@ pub const GpuModel = struct {
         model.hidden = try model.alloc(rows * c.hidden_size * f, diag);
         model.normed = try model.alloc(rows * c.hidden_size * f, diag);
         model.q = try model.alloc(rows * c.heads * c.head_dim * f, diag);
-        model.k = try model.alloc(2 * rows * c.kv_heads * c.head_dim * f, diag); // k, then v of a kv_pair
-        model.v = try model.alloc(rows * c.kv_heads * c.head_dim * f, diag);
+        model.k = try model.alloc(2 * rows * c.kv_heads * c.head_dim * f, diag);
         model.attention_out = try model.alloc(rows * c.heads * c.head_dim * f, diag);
         model.attention_spread_rows = if (core.switches.off("TF_CUDA_ATTENTION_SPREAD")) 0 else @min(rows, attention_spread_rows_max);
         const parts = K.Kernels.AttentionParts.floats(model.attention_spread_rows, c.heads, c.head_dim);
@@ -654,13 +653,14 @@ pub const GpuModel = struct {
         return need;
     }
 
-    /// MoE layers whose routed experts the prompt kernels take.
+    /// Attention layers whose k and v projections run as one launch.
     pub fn kvPairs(model: *const GpuModel) u64 {
         var count: u64 = 0;
         for (model.blocks) |*block| count += @intFromBool(block.kv_pair != 0);
         return count;
     }
 
+    /// MoE layers whose routed experts the prompt kernels take.
     pub fn promptLayers(model: *const GpuModel) u64 {
         var count: u64 = 0;
         for (model.blocks) |*block| switch (block.ffn) {
@@ -844,13 +844,13 @@ pub const GpuModel = struct {
     fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, layer: usize, rows: usize) Error!void {
         const c = model.config;
         try model.runLinear(k, &block.q, model.normed, model.q, rows, 0);
-        var v = model.v;
+        // v's rows follow k's, as a pair launch writes them.
+        const v = model.k + rows * block.k.out_features * @sizeOf(f32);
         if (block.kv_pair != 0) {
-            v = model.k + rows * block.k.out_features * @sizeOf(f32);
             try model.runPair(k, &block.k, &block.v, block.kv_pair, model.normed, model.k, rows);
         } else {
             try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
-            try model.runLinear(k, &block.v, model.normed, model.v, rows, 0);
+            try model.runLinear(k, &block.v, model.normed, v, rows, 0);
         }
         const kv: K.Kernels.PagedKv = .{
             .cache_k = model.cache_k,
