@@ -1,7 +1,9 @@
 """A bounded fuzz pass over the request schema: hypothesis builds request bodies from the fields the
-API knows, with values of every JSON type (and a few unknown fields); no request may get a 500, and
-every error must be an OpenAI error body."""
+API knows, with values of every JSON type, strings with lone surrogates among them (and a few unknown
+fields); no request may get a 500, and every error must be an OpenAI error body."""
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -10,17 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_process import running_server
 
+# Text as JSON can carry it: any code point, lone surrogates ("\ud800") included.
+TEXT = st.text(max_size=20) | st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=4)
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-10 ** 12, 10 ** 12) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-10 ** 12, 10 ** 12) | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
     max_leaves=6,
 )
 MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool", "bogus"]) | JSON_VALUES,
-                                 "content": st.text(max_size=40) | JSON_VALUES})
+                                 "content": st.text(max_size=40) | TEXT | JSON_VALUES})
 FIELDS = {
     "model": st.just("glm-tiny") | JSON_VALUES,
     "messages": st.lists(MESSAGE, max_size=3) | JSON_VALUES,
-    "prompt": st.text(max_size=40) | st.lists(st.integers(-5, 3000), max_size=5) | JSON_VALUES,
+    "prompt": st.text(max_size=40) | TEXT | st.lists(st.integers(-5, 3000), max_size=5) | JSON_VALUES,
     "max_tokens": st.integers(-3, 10 ** 10) | JSON_VALUES,
     "temperature": st.floats(-1, 3, allow_nan=False) | JSON_VALUES,
     "top_p": st.floats(-1, 2, allow_nan=False) | JSON_VALUES,
@@ -33,6 +37,8 @@ FIELDS = {
     "top_logprobs": st.integers(-2, 30) | JSON_VALUES,
     "tools": JSON_VALUES,
     "tool_choice": st.sampled_from(["auto", "none", "required"]) | JSON_VALUES,
+    "response_format": st.sampled_from([{"type": "json_object"}, {"type": "text"}]) | st.fixed_dictionaries(
+        {"type": st.just("json_schema"), "json_schema": st.fixed_dictionaries({"name": TEXT, "schema": JSON_VALUES})}) | JSON_VALUES,
     "presence_penalty": st.floats(-3, 3, allow_nan=False) | JSON_VALUES,
     "unknown_field": JSON_VALUES,
 }
@@ -49,7 +55,8 @@ def base():
 @given(endpoint=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
        body=st.fixed_dictionaries({}, optional=FIELDS) | JSON_VALUES)
 def test_no_request_gets_a_500(base, endpoint, body):
-    response = httpx.post(f"{base}{endpoint}", json=body, timeout=60)
+    # json.dumps escapes lone surrogates as \ud800, as a JavaScript client would send them.
+    response = httpx.post(f"{base}{endpoint}", content=json.dumps(body), headers={"content-type": "application/json"}, timeout=60)
     assert response.status_code < 500 or response.status_code == 503, response.text
     if response.status_code >= 400:
         error = response.json()["error"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from glm_fixtures import checkpoint_dir, prompts
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trellisforge.tokenizer import StopMatcher, TemplateError, Tokenizer
 
@@ -70,3 +72,13 @@ def test_template_errors_are_reported(tmp_path, tokenizer):
     (tmp_path / "chat_template.jinja").write_text("{{ messages.__class__.__mro__ }}")
     with pytest.raises(TemplateError):
         Tokenizer(tmp_path).render_chat([{"role": "user", "content": "hi"}])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(text=st.lists(st.sampled_from(["the ", "  ", "\n", "é", "漢字", "🌊", "[gMASK]", "<|user|>", "aaaaaaa", "-" * 9, "0123", "x"]),
+                     max_size=80).map("".join))
+def test_the_token_count_bound_never_exceeds_the_count(text):
+    """What lets the server refuse a prompt untokenized must be a true lower bound."""
+    tokenizer = Tokenizer(checkpoint_dir("3.0"))
+    assert tokenizer.max_token_bytes == 19  # the longest piece of the fixture's vocabulary
+    assert tokenizer.tokens_at_least(text) <= len(tokenizer.encode(text))

@@ -4,6 +4,7 @@ With no --model it serves the built-in default model kept in the repository."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 import signal
@@ -12,6 +13,9 @@ import sys
 import uvicorn
 
 from .app import ServerConfig, create_app
+
+# The model's load failure is an error line of its own; uvicorn's loggers keep their format.
+logging.basicConfig(format="%(levelname)s:     %(message)s", level=logging.INFO)
 
 DEFAULT_MODEL = pathlib.Path(__file__).resolve().parents[2] / "models" / "default"
 
@@ -33,6 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tp-world", type=int, default=1, help="tensor-parallel ranks (processes)")
     parser.add_argument("--tp-rank", type=int, default=0, help="this process's rank: 0 serves HTTP, others are workers")
     parser.add_argument("--tp-master", help="HOST:PORT where rank 0 waits for the workers")
+    parser.add_argument("--max-body-mb", type=float, default=8.0,
+                        help="largest request body accepted, in MB; larger ones get 413 (default 8: ~2M tokens of text)")
+    parser.add_argument("--keep-serving", action="store_true",
+                        help="when the model fails to load, keep serving /health (503 with the cause) instead of exiting 1")
     return parser.parse_args(argv)
 
 
@@ -49,16 +57,32 @@ def main(argv: list[str] | None = None) -> int:
         args.rows_max = 1024 if args.backend == "cuda" else 256
     if args.tp_rank > 0:
         return run_worker(model_dir, args)
+    if args.max_body_mb <= 0:
+        print("error: --max-body-mb must be positive", file=sys.stderr)
+        return 2
     config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
                           backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max,
-                          tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None)
+                          tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None,
+                          max_body_mb=args.max_body_mb)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30))
+    state = app.state.trellisforge
+    if not args.keep_serving:
+        def stop(_: str) -> None:
+            print("trellisforge: stopping: the model did not load (--keep-serving keeps /health up instead)",
+                  file=sys.stderr, flush=True)
+            server.should_exit = True
+        state.on_load_failure = stop
     # uvicorn shuts down gracefully on Ctrl-C, then re-raises the signal to the handler it found:
     # a quiet one makes that a clean exit instead of a KeyboardInterrupt traceback.
     for caught in (signal.SIGINT, signal.SIGTERM):
         signal.signal(caught, lambda *_: None)
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    server.run()
+    if state.load_error and not args.keep_serving:
+        print(f"trellisforge: stopped: {state.load_error}", file=sys.stderr, flush=True)
+        return 1
     print("trellisforge: stopped", flush=True)
     return 0
 

@@ -11,7 +11,7 @@ from .glm_output import Delta, OutputParser
 from .runtime import Ended
 
 
-def sampling_for(body, max_tokens: int, index: int) -> Sampling:
+def sampling_for(body, max_tokens: int, index: int, constrained: bool = False) -> Sampling:
     if hasattr(body, "messages"):
         top_logprobs = (body.top_logprobs or 0) if body.logprobs else 0
     else:
@@ -19,19 +19,20 @@ def sampling_for(body, max_tokens: int, index: int) -> Sampling:
     seed = None if body.seed is None else (body.seed + index) % 2 ** 64  # n > 1: distinct draws
     return Sampling(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                     min_p=body.min_p, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                    repetition_penalty=body.repetition_penalty, top_logprobs=top_logprobs, seed=seed)
+                    repetition_penalty=body.repetition_penalty, top_logprobs=top_logprobs, seed=seed, constrained=constrained)
 
 
 class ChoiceState:
-    def __init__(self, index: int, tokenizer, stops: list[str], eos_ids: list[int], kind: str,
-                 starts_in_reasoning: bool, parse_tools: bool, want_logprobs: bool):
+    def __init__(self, index: int, plan, tokenizer, stops: list[str], eos_ids: list[int], want_logprobs: bool):
+        """`plan`: the request's serving.Plan (kind, reasoning, tools, hidden tokens)."""
         self.index = index
-        self.kind = kind
+        self.kind = plan.kind
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_ids)
+        self.hidden_ids = plan.hidden_ids
         self.detokenizer = tokenizer.detokenizer()
         self.stops = StopMatcher(stops or [])
-        self.parser = OutputParser(starts_in_reasoning, parse_tools) if kind == "chat" else None
+        self.parser = OutputParser(plan.starts_in_reasoning, plan.tools) if plan.kind == "chat" else None
         self.want_logprobs = want_logprobs
         self.tokens = 0
         self.text = ""
@@ -43,6 +44,7 @@ class ChoiceState:
         self.done = False
         self.cancel_engine = False  # ended here (stop string) while the engine would go on
         self._last_token_at: float | None = None
+        self.started = time.monotonic()  # for the time to the first token
 
     def role_chunk(self) -> dict:
         return {"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -72,7 +74,7 @@ class ChoiceState:
         self.tokens += 1
         logprobs = [self._logprob_entry(event)] if self.want_logprobs else []
         ends_on_eos = event.finish_reason == "stop" and event.token in self.eos_ids
-        raw = "" if ends_on_eos else self.detokenizer.add(event.token)
+        raw = "" if ends_on_eos or event.token in self.hidden_ids else self.detokenizer.add(event.token)
         if event.finish_reason is not None:
             raw += self.detokenizer.flush()
         emitted, stopped = self.stops.feed(raw)
@@ -85,8 +87,9 @@ class ChoiceState:
         self.logprobs.extend(logprobs)
         if self.finish_reason is not None:
             self.done = True
-            metrics.requests.labels(self.finish_reason).inc()
-            return self._chunks(self._finish_text(emitted), logprobs)
+            chunks = self._chunks(self._finish_text(emitted), logprobs)
+            metrics.finish_reasons.labels(self.finish_reason).inc()  # after tool calls made it "tool_calls"
+            return chunks
         return self._chunks(self._feed_text(emitted), logprobs)
 
     def _feed_text(self, text: str) -> Delta:
@@ -127,7 +130,9 @@ class ChoiceState:
 
     def final(self, kind: str) -> dict:
         if kind == "chat":
-            message: dict = {"role": "assistant", "content": self.text or (None if self.tool_calls else "")}
+            # Whitespace around tool calls (GLM writes a newline before them) is no content.
+            content = self.text if self.text.strip() or not self.tool_calls else None
+            message: dict = {"role": "assistant", "content": content if content is not None or self.tool_calls else ""}
             if self.reasoning:
                 message["reasoning_content"] = self.reasoning
             if self.tool_calls:

@@ -4,7 +4,8 @@ Reasoning is the text inside <think>...</think>. When the generation prompt alre
 block (GLM-4.7 and later render `<|assistant|><think>`), the output starts inside it. Tool calls
 are `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, with or without
 the newlines GLM-4.5/4.6 put between the parts; values that parse as JSON are JSON, the rest are
-strings (the template writes strings raw)."""
+strings (the template writes strings raw), except where the function's schema says a parameter is a
+string: then the value is the text as written, even when it looks like a number."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ import uuid
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALL_TAGS = (CALL_OPEN, CALL_CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 _ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
@@ -31,19 +33,34 @@ class ToolCall:
         return out
 
 
-def parse_tool_call(block: str) -> ToolCall | None:
-    """The inside of one <tool_call>...</tool_call>; None when it has no name."""
+def parse_tool_call(block: str, string_parameters: dict[str, set[str]] | None = None) -> ToolCall | None:
+    """The inside of one <tool_call>...</tool_call>; None when it has no name. string_parameters:
+    per function name, the parameters its schema types as plain strings."""
     head = block.split("<arg_key>", 1)[0].strip()
     if not head:
         return None
+    raw_keys = (string_parameters or {}).get(head, set())
     arguments = {}
     for key, value in _ARGUMENT.findall(block):
-        value = value.strip("\n")
+        key, value = key.strip(), value.strip("\n")
+        if key in raw_keys:
+            arguments[key] = value
+            continue
         try:
-            arguments[key.strip()] = json.loads(value)
+            arguments[key] = json.loads(value)
         except ValueError:
-            arguments[key.strip()] = value
+            arguments[key] = value
     return ToolCall(name=head, arguments=arguments)
+
+
+def string_parameters(tools: list[dict] | None) -> dict[str, set[str]]:
+    """Per function, the parameters typed as plain strings by its schema."""
+    out = {}
+    for tool in tools or []:
+        function = tool.get("function") or {}
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        out[function.get("name")] = {k for k, v in properties.items() if isinstance(v, dict) and v.get("type") == "string"}
+    return out
 
 
 @dataclasses.dataclass
@@ -60,9 +77,11 @@ class OutputParser:
     """Feed text deltas; get reasoning, content and complete tool calls back. Text that might be
     the start of a tag is held until the next delta decides it."""
 
-    def __init__(self, starts_in_reasoning: bool, parse_tools: bool):
+    def __init__(self, starts_in_reasoning: bool, tools: list[dict] | None):
+        """tools: the request's tools (calls are parsed only when there are some)."""
         self.in_reasoning = starts_in_reasoning
-        self.parse_tools = parse_tools
+        self.parse_tools = tools is not None
+        self._string_parameters = string_parameters(tools)
         self._pending = ""
         self._call: str | None = None  # text inside an open <tool_call>
         self.tool_calls: list[ToolCall] = []
@@ -100,7 +119,7 @@ class OutputParser:
                 self._pending = text[len(text) - keep:]
                 return False
             self._call += text[:end]
-            call = parse_tool_call(self._call)
+            call = parse_tool_call(self._call, self._string_parameters)
             if call is not None:
                 self.tool_calls.append(call)
                 delta.tool_calls.append(call)

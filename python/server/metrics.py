@@ -14,7 +14,11 @@ class Metrics:
         self.requests_waiting = Gauge("trellisforge_requests_waiting", "Sequences queued for KV pages", registry=r)
         self.prompt_tokens = Counter("trellisforge_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("trellisforge_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("trellisforge_requests", "Requests finished, by finish reason", ["finish_reason"], registry=r)
+        # Per request: "completed" (every choice ended: stop, length or tool_calls), "cancelled" (the
+        # client left first), "failed" (the engine failed under it).
+        self.requests = Counter("trellisforge_requests", "Generation requests ended, by outcome", ["outcome"], registry=r)
+        self.finish_reasons = Counter("trellisforge_finish_reasons", "Choices finished, by finish reason", ["finish_reason"],
+                                      registry=r)
         self.time_to_first_token = Histogram("trellisforge_time_to_first_token_seconds", "Request start to first token",
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.inter_token_latency = Histogram("trellisforge_inter_token_latency_seconds", "Time between tokens of a sequence",

@@ -1,13 +1,14 @@
 """The engine's one loop thread. Every call into the engine happens on this thread: requests hand it
 commands (add, cancel) and get their tokens back on their own asyncio queues, so a long CPU step
-never blocks the event loop and a cancel touches only its own sequence."""
+never blocks the event loop and a cancel touches only its own sequence. A constrained sequence's
+grammar (structured.Constraint) is advanced here too, between steps, so its next token's mask is
+in the engine before the step that samples it."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import queue
 import threading
-import time
 from collections.abc import Sequence
 
 from trellisforge import Engine, Sampling, TrellisError
@@ -30,6 +31,14 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     events: asyncio.Queue
+    constraint: object | None  # structured.Constraint
+
+
+@dataclasses.dataclass
+class _Subscriber:
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    constraint: object | None
 
 
 class Runtime:
@@ -37,7 +46,7 @@ class Runtime:
         self.engine = engine
         self.metrics = metrics
         self._commands: queue.Queue = queue.Queue()
-        self._subscribers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, float]] = {}
+        self._subscribers: dict[int, _Subscriber] = {}
         self._stopping = threading.Event()
         self.failure: str | None = None
         self.stats = engine.stats()
@@ -56,13 +65,16 @@ class Runtime:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.failure is None
 
-    async def submit(self, tokens: Sequence[int], sampling: Sampling, stop_token_ids: Sequence[int]) -> tuple[int, asyncio.Queue]:
+    async def submit(self, tokens: Sequence[int], sampling: Sampling, stop_token_ids: Sequence[int],
+                     constraint=None) -> tuple[int, asyncio.Queue]:
         """Queues a sequence; returns its id and the queue its TokenEvents arrive on. Raises the
-        engine's TrellisError for a request it refuses."""
+        engine's TrellisError for a request it refuses. With a constraint, every token is sampled
+        under its grammar (`sampling` must then be constrained)."""
         if not self.alive:
             raise RuntimeError(self.failure or "the engine is not running")
+        assert (constraint is not None) == sampling.constrained
         loop = asyncio.get_running_loop()
-        command = _Add(list(tokens), sampling, list(stop_token_ids), loop, loop.create_future(), asyncio.Queue())
+        command = _Add(list(tokens), sampling, list(stop_token_ids), loop, loop.create_future(), asyncio.Queue(), constraint)
         self._commands.put(command)
         sequence_id = await command.future
         return sequence_id, command.events
@@ -112,7 +124,11 @@ class Runtime:
             except TrellisError as error:
                 command.loop.call_soon_threadsafe(_settle, command.future, None, error)
                 return
-            self._subscribers[sequence_id] = (command.loop, command.events, time.monotonic())
+            self._subscribers[sequence_id] = _Subscriber(command.loop, command.events, command.constraint)
+            if command.constraint is not None and not self._constrain(sequence_id):
+                self._cancel_now(sequence_id)
+                command.loop.call_soon_threadsafe(_settle, command.future, None, TrellisError(self.mask_failure))
+                return
             command.loop.call_soon_threadsafe(self._settle_add, command.future, sequence_id)
         elif command[0] == "cancel":
             self._cancel_now(command[1])
@@ -130,14 +146,28 @@ class Runtime:
             subscriber = self._subscribers.get(event.sequence_id)
             if subscriber is None:
                 continue
-            loop, events_queue, _ = subscriber
-            loop.call_soon_threadsafe(events_queue.put_nowait, event)
+            subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, event)
             if event.finish_reason is not None:
                 del self._subscribers[event.sequence_id]
+            elif subscriber.constraint is not None:
+                subscriber.constraint.advance(event.token)
+                if not self._constrain(event.sequence_id):
+                    self._cancel_now(event.sequence_id)
+                    subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, Ended(self.mask_failure))
+
+    def _constrain(self, sequence_id: int) -> bool:
+        """The sequence's next token's mask into the engine; False (and `mask_failure`) when its
+        grammar cannot give one: that sequence ends, the others go on."""
+        try:
+            self.engine.set_token_mask(sequence_id, self._subscribers[sequence_id].constraint.next_mask())
+        except (TrellisError, ValueError) as error:
+            self.mask_failure = f"the output grammar failed: {error}"
+            return False
+        return True
 
     def _end_all(self, reason: str) -> None:
-        for loop, events_queue, _ in self._subscribers.values():
-            loop.call_soon_threadsafe(events_queue.put_nowait, Ended(reason))
+        for subscriber in self._subscribers.values():
+            subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, Ended(reason))
         self._subscribers.clear()
 
 

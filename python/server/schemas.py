@@ -1,14 +1,17 @@
 """Request bodies of the OpenAI API as this server accepts them. Unknown fields are refused (a
 typo'd parameter silently ignored is a surprise); fields OpenAI clients commonly send and that do
-not change generation here (`user`, `store`, `metadata`, `parallel_tool_calls`) are accepted."""
+not change generation here (`user`, `store`, `metadata`, `parallel_tool_calls`) are accepted.
+Beyond OpenAI's, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+`skip_special_tokens`, `chat_template_kwargs`. `stop` takes up to 16 strings (OpenAI: 4)."""
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_N = 8
 MAX_STOP = 16
+MAX_PROMPTS = 16  # prompts in one /v1/completions request
 
 
 class Strict(BaseModel):
@@ -68,8 +71,24 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    # `schema` would shadow pydantic's BaseModel.schema.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(Strict):
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type 'json_schema', and only then")
+        return self
 
 
 class SamplingFields(Strict):
@@ -90,6 +109,8 @@ class SamplingFields(Strict):
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod
@@ -114,18 +135,50 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[int]]
+    # One prompt (text or token ids) or a list of them: each gets n choices, indexed prompt by prompt.
+    prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: Literal[False] = False
     suffix: None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, value):
-        if isinstance(value, str) and not value:
-            raise ValueError("prompt must not be empty")
-        if isinstance(value, list) and (not value or any(t < 0 for t in value)):
-            raise ValueError("prompt token ids must be a non-empty list of non-negative integers")
+        """One message for every wrong shape (the union's own lists four)."""
+        shape = ("prompt must be a string, a list of token ids, or a list of up to "
+                 f"{MAX_PROMPTS} prompts that are all strings or all token-id lists")
+        prompts = value if isinstance(value, list) and value and not is_token(value[0]) else [value]
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise ValueError(shape)
+        kinds = set()
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise ValueError("prompt must not be empty")
+                kinds.add("text")
+            elif isinstance(prompt, list) and all(is_token(t) for t in prompt):
+                if not prompt or any(t < 0 for t in prompt):
+                    raise ValueError("prompt token ids must be a non-empty list of non-negative integers")
+                kinds.add("ids")
+            else:
+                raise ValueError(shape)
+        if len(kinds) > 1:
+            raise ValueError(shape)
         return value
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        value = self.prompt
+        return value if isinstance(value, list) and not isinstance(value[0], int) else [value]
+
+
+def is_token(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

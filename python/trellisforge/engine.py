@@ -32,6 +32,8 @@ class Sampling:
     repetition_penalty: float = 1.0
     top_logprobs: int = 0
     seed: int | None = None
+    # Each sampled token waits for Engine.set_token_mask (grammar-constrained sampling).
+    constrained: bool = False
 
     def to_c(self):
         params = ffi.new("tf_sampling_params *")
@@ -46,6 +48,7 @@ class Sampling:
         params.seed = (self.seed or 0) & 0xFFFFFFFFFFFFFFFF
         params.has_seed = 0 if self.seed is None else 1
         params.max_tokens = self.max_tokens
+        params.constrained = 1 if self.constrained else 0
         return params
 
 
@@ -150,6 +153,18 @@ class Engine:
                 )
                 for r in records
             ]
+
+    def set_token_mask(self, sequence_id: int, mask: np.ndarray | None) -> None:
+        """The tokens a constrained sequence's next sampled token may be: a bitmask of
+        ceil(vocab / 32) 32-bit words (bit t % 32 of word t // 32 allows token t), or None for any
+        token. The sampled token spends it; see tf_engine_set_token_mask."""
+        if mask is None:
+            with self._lock:
+                check(lib.tf_engine_set_token_mask(self._live(), sequence_id, ffi.NULL, 0))
+            return
+        words = np.ascontiguousarray(mask).view(np.uint32)
+        with self._lock:
+            check(lib.tf_engine_set_token_mask(self._live(), sequence_id, ffi.cast("uint32_t *", words.ctypes.data), words.size))
 
     def cancel(self, sequence_id: int) -> None:
         with self._lock:

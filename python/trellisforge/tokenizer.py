@@ -21,7 +21,8 @@ class TemplateError(ValueError):
 class Tokenizer:
     def __init__(self, model_dir: str | pathlib.Path):
         model_dir = pathlib.Path(model_dir)
-        self._tokenizer = HfTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.json_text = (model_dir / "tokenizer.json").read_text()
+        self._tokenizer = HfTokenizer.from_str(self.json_text)
         config_path = model_dir / "tokenizer_config.json"
         self.config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         template_path = model_dir / "chat_template.jinja"
@@ -33,7 +34,9 @@ class Tokenizer:
         added = self._tokenizer.get_added_tokens_decoder()
         self.special_ids = {i for i, t in added.items() if t.special}
         self._added = set(added)
-        decoder = json.loads((model_dir / "tokenizer.json").read_text()).get("decoder") or {}
+        spec = json.loads(self.json_text)
+        decoder = spec.get("decoder") or {}
+        self.max_token_bytes = _max_token_bytes(spec, self._tokenizer) if spec.get("normalizer") is None else None
         self._byte_level = decoder.get("type") == "ByteLevel" or any(
             d.get("type") == "ByteLevel" for d in decoder.get("decoders", []) if isinstance(d, dict))
 
@@ -46,8 +49,18 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Special tokens written in the text ([gMASK], <|user|>, ...) become their ids; nothing
-        is added (GLM has no automatic BOS: the template writes [gMASK]<sop>)."""
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        is added (GLM has no automatic BOS: the template writes [gMASK]<sop>). Through
+        encode_batch, which releases the GIL (encode holds it): a server tokenizing a huge prompt
+        in a worker thread keeps answering on its event loop."""
+        return self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def tokens_at_least(self, text: str) -> int:
+        """A lower bound on len(encode(text)), without encoding: every token stands for at most
+        max_token_bytes of the text when no normalizer rewrites it first (0 when one does). Lets
+        a server refuse a prompt far beyond its context before spending seconds tokenizing it."""
+        if not self.max_token_bytes:
+            return 0
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -86,6 +99,18 @@ class Tokenizer:
 
     def detokenizer(self, skip_special_tokens: bool = False) -> "Detokenizer":
         return Detokenizer(self, skip_special_tokens)
+
+
+def _max_token_bytes(spec: dict, tokenizer: HfTokenizer) -> int | None:
+    """The most bytes one token covers: a byte-level vocabulary's pieces are one character per
+    byte; added tokens match their text. None where the vocabulary is of another kind."""
+    pre = spec.get("pre_tokenizer") or {}
+    kinds = [pre.get("type")] + [p.get("type") for p in pre.get("pretokenizers", []) if isinstance(p, dict)]
+    if "ByteLevel" not in kinds:
+        return None
+    longest = max((len(piece) for piece in tokenizer.get_vocab(with_added_tokens=False)), default=1)
+    added = [token.content.encode("utf-8") for token in tokenizer.get_added_tokens_decoder().values()]
+    return max([longest, *map(len, added)])
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -45,30 +45,26 @@ pub fn addKernels(b: *std.Build, options: Options) Kernels {
     append(b, w, "pub const built_with_nvcc = {};\n", .{built});
     append(b, w, "pub const sm_list = \"{s}\";\n", .{if (built) options.sm else ""});
 
-    const nvcc_version = if (options.nvcc) |nvcc| versionFile(b, nvcc) else null;
+    const nvcc = options.nvcc orelse {
+        // Host-only: empty images written inline, no files to embed (and none to list as inputs).
+        for (kernels) |kernel| append(b, w, "pub const {s} align(16) = [0:0]u8{{}};\n", .{kernel.name});
+        return .{ .module = b.createModule(.{ .root_source_file = files.add("kernel_images.zig", source.items) }), .images = null };
+    };
+    const nvcc_version = files.add("nvcc-version.txt", b.run(&.{ nvcc, "--version" }));
     var images: [kernels.len]std.Build.LazyPath = undefined;
     for (kernels, &images) |kernel, *image| {
-        image.* = if (options.nvcc) |nvcc|
-            fatbin(b, nvcc, nvcc_version.?, options.sm, kernel)
-        else
-            files.add(b.fmt("{s}.fatbin", .{kernel.name}), "");
+        image.* = fatbin(b, nvcc, nvcc_version, options.sm, kernel);
         append(b, w, "pub const {s} align(16) = @embedFile(\"{s}.fatbin\").*;\n", .{ kernel.name, kernel.name });
     }
     const module = b.createModule(.{ .root_source_file = files.add("kernel_images.zig", source.items) });
     for (kernels, images) |kernel, image| {
         module.addAnonymousImport(b.fmt("{s}.fatbin", .{kernel.name}), .{ .root_source_file = image });
     }
-    return .{ .module = module, .images = if (built) images else null };
+    return .{ .module = module, .images = images };
 }
 
 fn append(b: *std.Build, list: *std.ArrayList(u8), comptime fmt: []const u8, args: anytype) void {
     list.appendSlice(b.allocator, b.fmt(fmt, args)) catch @panic("OOM");
-}
-
-fn versionFile(b: *std.Build, nvcc: []const u8) std.Build.LazyPath {
-    const run = b.addSystemCommand(&.{ nvcc, "--version" });
-    run.has_side_effects = true; // a new nvcc at the same path must rebuild every fatbin
-    return run.captureStdOut(.{ .basename = "nvcc-version.txt" });
 }
 
 fn fatbin(
@@ -79,6 +75,8 @@ fn fatbin(
     kernel: Kernel,
 ) std.Build.LazyPath {
     const run = b.addSystemCommand(&.{ nvcc, "-fatbin", "-O3", "-std=c++17", "-lineinfo" });
+    // `nvcc --version` runs when the build is configured (milliseconds) and its text is a file
+    // input: a new nvcc at the same path rebuilds every fatbin, an unchanged one rebuilds nothing.
     run.addFileInput(nvcc_version);
     run.addArgs(kernel.flags);
     var newest: []const u8 = "";

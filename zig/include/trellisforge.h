@@ -142,6 +142,8 @@ typedef struct {
     uint64_t seed;
     int32_t has_seed;            /* 0: a fresh random seed */
     uint32_t max_tokens;         /* >= 1 */
+    int32_t constrained;         /* 1: each sampled token first needs tf_engine_set_token_mask */
+    int32_t reserved;            /* 0 */
 } tf_sampling_params;
 
 typedef enum { TF_FINISH_NONE = 0, TF_FINISH_STOP = 1, TF_FINISH_LENGTH = 2, TF_FINISH_CANCELLED = 3 } tf_finish;
@@ -193,6 +195,12 @@ tf_status tf_engine_add_sequence(tf_engine *engine, const uint32_t *tokens, size
                                  size_t stop_count, uint64_t *id_out);
 /* One forward over all live sequences; fills up to capacity records, one per sampled token. */
 tf_status tf_engine_step(tf_engine *engine, tf_step_record *records, size_t capacity, size_t *count_out);
+/* What a constrained sequence's next sampled token may be (grammar-constrained sampling): only the
+ * tokens whose bit is set in mask (bit t % 32 of word t / 32; words = ceil(vocab / 32)), after its
+ * penalties; or, with mask NULL and words 0, anything (sampled as an unconstrained sequence would
+ * be). The token spends it: a step that would sample a constrained sequence with no mask set since
+ * its last token fails with TF_ERR_INVALID_ARGUMENT. Logprobs stay the model's. */
+tf_status tf_engine_set_token_mask(tf_engine *engine, uint64_t sequence_id, const uint32_t *mask, size_t words);
 /* Ends a sequence now and returns its KV pages. */
 tf_status tf_engine_cancel(tf_engine *engine, uint64_t sequence_id);
 tf_status tf_engine_stats_get(const tf_engine *engine, tf_engine_stats *out);

@@ -388,7 +388,7 @@ const engine_mod = tf.engine.engine;
 
 comptime {
     std.debug.assert(@sizeOf(engine_mod.Params) == 28);
-    std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 48);
+    std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 56);
     std.debug.assert(@sizeOf(engine_mod.Record) == 184);
     std.debug.assert(@sizeOf(engine_mod.Stats) == 72);
 }
@@ -506,6 +506,17 @@ export fn tf_engine_cancel(pointer: ?*EngineHandle, id: u64) Status {
     const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
     var diag: core.Diagnostic = .{};
     engine.cancel(id, &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
+export fn tf_engine_set_token_mask(pointer: ?*EngineHandle, id: u64, mask: ?[*]align(1) const u32, words: usize) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    if (words > 0 and mask == null) return fail(.invalid_argument, "mask is null", .{});
+    if (mask != null and words == 0) return fail(.invalid_argument, "a mask of 0 words allows nothing", .{});
+    const limit = tf.engine.token_mask.wordsFor(engine.config().vocab_size);
+    if (words > limit) return fail(.invalid_argument, "{d} mask words; the vocabulary takes {d}", .{ words, limit });
+    var diag: core.Diagnostic = .{};
+    engine.setTokenMask(id, if (mask) |m| m[0..words] else null, &diag) catch |err| return failWith(err, &diag);
     return ok();
 }
 

@@ -9,6 +9,7 @@ const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const KvCache = @import("kv_cache.zig").KvCache;
 const sampler = @import("sampler.zig");
+const token_mask = @import("token_mask.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
 const distributed = @import("distributed.zig");
 const gpu_sampling = @import("../cuda/sampling.zig");
@@ -79,6 +80,9 @@ const Sequence = struct {
     stop_tokens: [stop_tokens_max]u32 = undefined,
     stop_count: usize = 0,
     prng: std.Random.DefaultPrng = undefined,
+    /// The allowed tokens of a constrained sequence's next token (token_mask.zig).
+    mask: []u32,
+    mask_state: token_mask.State = .none,
 };
 
 pub const Engine = struct {
@@ -239,6 +243,7 @@ pub const Engine = struct {
         for (engine.sequences) |*s| s.* = .{
             .tokens = try a.alloc(u32, p.context_tokens_max),
             .pages = try a.alloc(u32, pages_per_sequence),
+            .mask = try a.alloc(u32, token_mask.wordsFor(engine.weights.config.vocab_size)),
         };
         const rows = p.rows_max;
         engine.batch_tokens = try a.alloc(u32, rows);
@@ -324,6 +329,7 @@ pub const Engine = struct {
         sequence.sampling = sampling;
         @memcpy(sequence.stop_tokens[0..stop_tokens.len], stop_tokens);
         sequence.stop_count = stop_tokens.len;
+        sequence.mask_state = .none;
         const seed = if (sampling.has_seed != 0) sampling.seed else randomSeed(sequence.id);
         sequence.prng = std.Random.DefaultPrng.init(seed);
         return sequence.id;
@@ -340,6 +346,29 @@ pub const Engine = struct {
             return error.NotFound;
         };
         engine.finish(sequence);
+    }
+
+    /// What a constrained sequence's next sampled token may be: `mask` (token_mask.zig), or
+    /// anything when null.
+    pub fn setTokenMask(engine: *Engine, id: u64, mask: ?[]align(1) const u32, diag: *Diagnostic) Error!void {
+        const sequence = engine.find(id) orelse {
+            diag.set("no live sequence with id {d}", .{id});
+            return error.NotFound;
+        };
+        if (sequence.sampling.constrained == 0) {
+            diag.set("sequence {d} was not added as constrained", .{id});
+            return error.InvalidArgument;
+        }
+        const allowed = mask orelse {
+            sequence.mask_state = .open;
+            return;
+        };
+        if (token_mask.problem(allowed, engine.config().vocab_size)) |problem| {
+            diag.set("{s} (vocabulary {d}, {d} words given)", .{ problem, engine.config().vocab_size, allowed.len });
+            return error.InvalidArgument;
+        }
+        @memcpy(sequence.mask, allowed);
+        sequence.mask_state = .masked;
     }
 
     fn find(engine: *Engine, id: u64) ?*Sequence {
@@ -414,6 +443,10 @@ pub const Engine = struct {
             if (rows == budget or logits_count == @min(engine.logits_rows_max, records.len)) break;
             const pending = sequence.length - sequence.computed;
             const count = @min(pending, budget - rows);
+            if (count == pending and sequence.sampling.constrained != 0 and sequence.mask_state == .none) {
+                diag.set("sequence {d} is constrained and its next token has no mask (tf_engine_set_token_mask)", .{sequence.id});
+                return error.InvalidArgument;
+            }
             for (0..count) |i| {
                 const position = sequence.computed + i;
                 engine.ensurePage(sequence, position);
@@ -440,9 +473,10 @@ pub const Engine = struct {
         var jobs: usize = 0;
         for (engine.logits_slots[0..logits_count], engine.logits_wanted[0..logits_count], engine.job_of_row[0..logits_count], 0..) |slot, *wanted, *job, i| {
             const sequence = &engine.sequences[slot];
-            wanted.* = sampler.needsLogits(&sequence.sampling);
+            const masked = sequence.mask_state == .masked;
+            wanted.* = sampler.needsLogits(&sequence.sampling) or masked;
             job.* = null;
-            if (engine.gpu_model == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
+            if (masked or engine.gpu_model == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
             // The GPU samples this row: its logits stay there, the generator's draw goes to it.
             const p = &sequence.sampling;
             engine.sample_jobs[jobs] = .{ .row = @intCast(i), .temperature = p.temperature, .top_p = p.top_p, .top_k = p.top_k, .min_p = p.min_p, .u = sampler.drawUniform(sequence.prng.random()) };
@@ -518,12 +552,16 @@ pub const Engine = struct {
             .prompt = sequence.tokens[0..sequence.prompt_len],
             .output = sequence.tokens[sequence.prompt_len..sequence.length],
         };
-        const choice = sampler.sample(&sequence.sampling, logits, summary, history, sequence.prng.random(), &engine.workspace);
+        const mask: ?[]const u32 = if (sequence.mask_state == .masked) sequence.mask else null;
+        const choice = sampler.sample(&sequence.sampling, logits, summary, history, mask, sequence.prng.random(), &engine.workspace);
         return engine.recordChoice(sequence, choice);
     }
 
     /// The chosen token appended to its sequence, and its record.
     fn recordChoice(engine: *Engine, sequence: *Sequence, choice: sampler.Choice) Record {
+        assert(sequence.sampling.constrained == 0 or sequence.mask_state != .none); // step() refused it
+        assert(sequence.mask_state != .masked or token_mask.allows(sequence.mask, choice.token));
+        sequence.mask_state = .none; // spent: the next token waits for its own
         sequence.tokens[sequence.length] = choice.token;
         sequence.length += 1;
         const generated = sequence.length - sequence.prompt_len;

@@ -4,6 +4,7 @@
 //! are the model's: log-softmax of the raw logits, before penalties and temperature.
 const std = @import("std");
 const LogitsSummary = @import("../core/logits_summary.zig").LogitsSummary;
+const token_mask = @import("token_mask.zig");
 
 pub const Params = extern struct {
     temperature: f32 = 0,
@@ -18,6 +19,9 @@ pub const Params = extern struct {
     seed: u64 = 0,
     has_seed: i32 = 0,
     max_tokens: u32 = 16,
+    /// 1: every sampled token waits for its mask (token_mask.zig); 0: free.
+    constrained: i32 = 0,
+    reserved: i32 = 0,
 
     pub fn check(params: *const Params) ?[]const u8 {
         if (!(params.temperature >= 0 and params.temperature <= 100)) return "temperature must be in [0, 100]";
@@ -29,6 +33,7 @@ pub const Params = extern struct {
         if (!(params.repetition_penalty > 0 and params.repetition_penalty <= 10)) return "repetition_penalty must be in (0, 10]";
         if (params.top_logprobs < 0 or params.top_logprobs > top_logprobs_max) return "top_logprobs must be in [0, 20]";
         if (params.max_tokens == 0) return "max_tokens must be at least 1";
+        if (params.constrained != 0 and params.constrained != 1) return "constrained must be 0 or 1";
         return null;
     }
 };
@@ -100,12 +105,13 @@ pub const History = struct {
     output: []const u32,
 };
 
-/// `summary` is the row's LogitsSummary; `logits` may be null when `needsLogits` is false.
-pub fn sample(params: *const Params, logits_or_null: ?[]const f32, summary: LogitsSummary, history: History, random: std.Random, workspace: *Workspace) Choice {
+/// `summary` is the row's LogitsSummary; `logits` may be null when `needsLogits` is false and no
+/// `mask` (token_mask.zig) limits the choice; a mask applies after the penalties.
+pub fn sample(params: *const Params, logits_or_null: ?[]const f32, summary: LogitsSummary, history: History, mask: ?[]const u32, random: std.Random, workspace: *Workspace) Choice {
     var choice: Choice = undefined;
     const log_total = summary.log_total;
     const logits = logits_or_null orelse {
-        std.debug.assert(!needsLogits(params));
+        std.debug.assert(!needsLogits(params) and mask == null);
         choice.token = summary.argmax;
         choice.logprob = @floatCast(@as(f64, summary.max) - log_total);
         choice.top_count = 0;
@@ -116,6 +122,7 @@ pub fn sample(params: *const Params, logits_or_null: ?[]const f32, summary: Logi
     const adjusted = workspace.adjusted[0..vocab];
     @memcpy(adjusted, logits);
     applyPenalties(params, adjusted, history, workspace.counts);
+    if (mask) |allowed| token_mask.apply(allowed, adjusted);
 
     choice.token = if (params.temperature == 0) argmax(adjusted) else draw(params, adjusted, random, workspace);
     choice.logprob = @floatCast(@as(f64, logits[choice.token]) - log_total);
@@ -216,11 +223,14 @@ fn draw(params: *const Params, logits: []f32, random: std.Random, workspace: *Wo
         logits[t] = @floatCast(p);
         total += p;
     }
-    // Nucleus: the smallest prefix whose probability reaches top_p.
+    // Tokens a mask sent to -inf sort last with probability 0: the draw never reaches them, and
+    // neither may the fallback below.
     var count: usize = kept.len;
+    while (count > 1 and logits[kept[count - 1]] == 0) count -= 1;
+    // Nucleus: the smallest prefix whose probability reaches top_p.
     if (params.top_p < 1) {
         var cumulative: f64 = 0;
-        for (kept, 0..) |t, i| {
+        for (kept[0..count], 0..) |t, i| {
             cumulative += logits[t] / total;
             if (cumulative >= params.top_p) {
                 count = i + 1;
@@ -269,7 +279,7 @@ test "greedy picks the largest logit and reports its log-probability" {
     var prng = std.Random.DefaultPrng.init(1);
     const params: Params = .{ .top_logprobs = 2 };
     const logits = [_]f32{ 0, 2, 1, 2 };
-    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, prng.random(), &workspace);
+    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace);
     try std.testing.expectEqual(@as(u32, 1), choice.token);
     const expected = 2 - @log(@exp(0.0) + 2 * @exp(2.0) + @exp(1.0));
     try std.testing.expectApproxEqAbs(@as(f32, expected), choice.logprob, 1e-6);
@@ -283,7 +293,7 @@ test "penalties change the greedy choice and leave no counts behind" {
     var prng = std.Random.DefaultPrng.init(1);
     const params: Params = .{ .frequency_penalty = 1.5 };
     const logits = [_]f32{ 1, 2, 0 };
-    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{1} }, prng.random(), &workspace);
+    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{1} }, null, prng.random(), &workspace);
     try std.testing.expectEqual(@as(u32, 0), choice.token);
     for (workspace.counts) |count| try std.testing.expectEqual(@as(u32, 0), count);
 }
@@ -296,12 +306,12 @@ test "the same seed draws the same tokens; top_k 1 is greedy" {
     for (&draws) |*run| {
         var prng = std.Random.DefaultPrng.init(1234);
         const params: Params = .{ .temperature = 1, .top_p = 0.9 };
-        for (run) |*t| t.* = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, prng.random(), &workspace).token;
+        for (run) |*t| t.* = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace).token;
     }
     try std.testing.expectEqualSlices(u32, &draws[0], &draws[1]);
     var prng = std.Random.DefaultPrng.init(5);
     const params: Params = .{ .temperature = 1, .top_k = 1 };
-    try std.testing.expectEqual(@as(u32, 3), sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, prng.random(), &workspace).token);
+    try std.testing.expectEqual(@as(u32, 3), sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace).token);
 }
 
 test "the radix order is the comparison order: descending logits, ties by ascending id, -0 == +0" {
@@ -345,8 +355,27 @@ test "plain greedy samples from the summary alone" {
     try std.testing.expect(needsLogits(&.{ .top_logprobs = 1 }));
     try std.testing.expect(needsLogits(&.{ .repetition_penalty = 1.1 }));
     const logits = [_]f32{ 0, 2, 1, 2 };
-    const from_row = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, prng.random(), &workspace);
-    const from_summary = sample(&params, null, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, prng.random(), &workspace);
+    const from_row = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace);
+    const from_summary = sample(&params, null, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace);
     try std.testing.expectEqual(from_row.token, from_summary.token);
     try std.testing.expectEqual(from_row.logprob, from_summary.logprob);
+}
+
+test "a mask limits greedy and drawn tokens to the allowed ones; logprobs stay the model's" {
+    var workspace = try Workspace.init(std.testing.allocator, 40);
+    defer workspace.deinit(std.testing.allocator);
+    var logits: [40]f32 = undefined;
+    for (&logits, 0..) |*v, i| v.* = @as(f32, @floatFromInt(i)) * 0.25;
+    const mask = [_]u32{ 0b1001_0000, 0 }; // tokens 4 and 7
+    const summary = LogitsSummary.of(&logits);
+    var prng = std.Random.DefaultPrng.init(3);
+    const greedy = sample(&.{}, &logits, summary, .{ .prompt = &.{}, .output = &.{} }, &mask, prng.random(), &workspace);
+    try std.testing.expectEqual(@as(u32, 7), greedy.token);
+    try std.testing.expectApproxEqAbs(@as(f64, logits[7]) - summary.log_total, greedy.logprob, 1e-6);
+    var seen: [40]bool = @splat(false);
+    for (0..200) |_| {
+        const params: Params = .{ .temperature = 2, .top_k = 30, .top_p = 1 };
+        seen[sample(&params, &logits, summary, .{ .prompt = &.{}, .output = &.{} }, &mask, prng.random(), &workspace).token] = true;
+    }
+    for (seen, 0..) |was, token| try std.testing.expectEqual(token == 4 or token == 7, was);
 }

@@ -1,0 +1,23 @@
+"""The API key on /v1/*, as a plain ASGI middleware: Starlette's BaseHTTPMiddleware (what
+`@app.middleware("http")` builds) hides a client's disconnect from the endpoint below it."""
+from __future__ import annotations
+
+import secrets
+
+from .errors import error_response
+
+
+class ApiKey:
+    def __init__(self, app, key: str | None):
+        self.app = app
+        self.key = key.encode() if key else None
+
+    async def __call__(self, scope, receive, send):
+        if self.key is None or scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        token = header[7:] if header[:7].lower() == b"bearer " else b""
+        if secrets.compare_digest(token, self.key):
+            return await self.app(scope, receive, send)
+        message = "missing API key" if not header else "invalid API key"
+        await error_response(401, message, code="invalid_api_key")(scope, receive, send)

@@ -1,0 +1,1 @@
+"""The endpoints, one module each: chat.py, completions.py, models.py (models, health, metrics)."""

@@ -1,0 +1,179 @@
+"""One generation request, chat or completion: its sequences submitted (n choices per prompt, indexed
+prompt by prompt), then collected into one response or streamed as server-sent events. Every
+sequence still running when the request ends early (its client left, the server stops) is
+cancelled, and the request is counted by outcome."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from trellisforge import TrellisError
+
+from . import errors
+from .errors import ApiError
+from .generation import ChoiceState, sampling_for
+from .structured import Grammar
+
+log = logging.getLogger("trellisforge")
+
+
+@dataclasses.dataclass
+class Plan:
+    kind: str  # "chat" or "text"
+    prompts: list[list[int]]
+    max_tokens: int | None
+    starts_in_reasoning: bool = False
+    tools: list[dict] | None = None  # the calls to parse, when the request offers tools
+    grammar: Grammar | None = None  # structured output: every choice constrained by it
+    hidden_ids: frozenset = frozenset()  # tokens whose text never reaches the client
+
+
+async def encode(state, text: str, param: str) -> list[int]:
+    """Tokens of a prompt, tokenized in a worker thread (seconds for megabytes of text, while the
+    event loop goes on serving); a text that must exceed the context is refused untokenized."""
+    context = state.engine.context_tokens_max
+    at_least = state.tokenizer.tokens_at_least(text)
+    if at_least >= context:
+        raise ApiError(400, f"the prompt has at least {at_least} tokens; the context holds {context}", param=param,
+                       code="context_length_exceeded")
+    return await asyncio.to_thread(state.tokenizer.encode, text)
+
+
+async def generate(state, body, plan: Plan):
+    context = state.engine.context_tokens_max
+    param = "messages" if plan.kind == "chat" else "prompt"
+    for prompt in plan.prompts:
+        if len(prompt) >= context:
+            raise ApiError(400, f"the prompt has {len(prompt)} tokens; the context holds {context}", param=param,
+                           code="context_length_exceeded")
+    longest = max(len(p) for p in plan.prompts)
+    if plan.max_tokens is not None and plan.max_tokens > context - longest:
+        raise ApiError(400, f"max_tokens {plan.max_tokens} plus the prompt's {longest} tokens exceed the context of {context}",
+                       param="max_tokens", code="context_length_exceeded")
+    handles = await submit(state, body, plan)
+    prompt_tokens = sum(len(p) for p in plan.prompts)
+    state.metrics.prompt_tokens.inc(prompt_tokens * body.n)
+    request_id = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    header = {"id": request_id, "created": int(time.time()), "model": state.config.model_name}
+    if body.stream:
+        return StreamingResponse(stream(state, handles, header, body, prompt_tokens, plan.kind), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await collect(state, handles, header, prompt_tokens, plan.kind)
+
+
+async def submit(state, body, plan: Plan) -> list:
+    """Every choice's sequence in the engine: (choice, sequence id, event queue) each."""
+    want_logprobs = bool(body.logprobs) if plan.kind == "chat" else body.logprobs is not None
+    stop_ids = [] if body.ignore_eos and plan.grammar is None else state.engine.eos_token_ids
+    handles = []
+    try:
+        for prompt_index, prompt in enumerate(plan.prompts):
+            max_tokens = plan.max_tokens or context_left(state, prompt)
+            for j in range(body.n):
+                index = prompt_index * body.n + j
+                choice = ChoiceState(index, plan, state.tokenizer, body.stop, state.engine.eos_token_ids, want_logprobs)
+                constraint = await asyncio.to_thread(state.grammars.constraint, plan.grammar) if plan.grammar else None
+                sampling = sampling_for(body, max_tokens, index, constrained=constraint is not None)
+                sequence_id, events = await state.runtime.submit(prompt, sampling, stop_ids, constraint)
+                handles.append((choice, sequence_id, events))
+    except TrellisError as error:
+        cancel_all(state, handles)
+        status = 503 if "slots are in use" in str(error) or "KV pages" in str(error) else 400
+        raise ApiError(status, str(error), code="overloaded" if status == 503 else "invalid_value") from None
+    except BaseException:  # the client left while the sequences were being added
+        cancel_all(state, handles)
+        raise
+    return handles
+
+
+def context_left(state, prompt: list[int]) -> int:
+    return state.engine.context_tokens_max - len(prompt)
+
+
+def cancel_all(state, handles) -> int:
+    unfinished = [sequence_id for choice, sequence_id, _ in handles if not choice.done]
+    for sequence_id in unfinished:
+        state.runtime.cancel(sequence_id)
+    return len(unfinished)
+
+
+async def collect(state, handles, header, prompt_tokens: int, kind: str):
+    try:
+        for choice, sequence_id, events in handles:
+            while not choice.done:
+                choice.take(await events.get(), state, choice.started)
+            if choice.cancel_engine:
+                state.runtime.cancel(sequence_id)
+    except asyncio.CancelledError:  # cancellation.py: the client left
+        log.info("%s: the client left; cancelled %d unfinished sequence(s) (499)", header["id"], cancel_all(state, handles))
+        state.metrics.requests.labels("cancelled").inc()
+        raise
+    failure = next((choice.failure for choice, _, _ in handles if choice.failure), None)
+    if failure:
+        state.metrics.requests.labels("failed").inc()
+        raise ApiError(503, failure)
+    state.metrics.requests.labels("completed").inc()
+    completion_tokens = sum(choice.tokens for choice, _, _ in handles)
+    return JSONResponse({
+        **header,
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "choices": [choice.final(kind) for choice, _, _ in handles],
+        "usage": usage(prompt_tokens, completion_tokens),
+    })
+
+
+async def stream(state, handles, header, body, prompt_tokens: int, kind: str):
+    chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    pending = {sequence_id: (choice, events) for choice, sequence_id, events in handles}
+    merged: asyncio.Queue = asyncio.Queue()
+    failed = False
+
+    async def forward(sequence_id, events):
+        while True:
+            await merged.put((sequence_id, await events.get()))
+
+    forwarders = [asyncio.ensure_future(forward(sequence_id, events)) for sequence_id, (_, events) in pending.items()]
+    try:
+        if kind == "chat":
+            for choice, _, _ in handles:
+                yield sse({**header, "object": chunk_object, "choices": [choice.role_chunk()]})
+        while pending:
+            sequence_id, item = await merged.get()
+            if sequence_id not in pending:
+                continue
+            choice, _ = pending[sequence_id]
+            for chunk_choice in choice.take(item, state, choice.started):
+                yield sse({**header, "object": chunk_object, "choices": [chunk_choice]})
+            if choice.done:
+                if choice.cancel_engine:
+                    state.runtime.cancel(sequence_id)
+                if choice.failure:
+                    failed = True
+                    yield sse(errors.error_body(503, choice.failure))
+                del pending[sequence_id]
+        if body.stream_options and body.stream_options.include_usage:
+            completion_tokens = sum(choice.tokens for choice, _, _ in handles)
+            yield sse({**header, "object": chunk_object, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+        yield "data: [DONE]\n\n"
+    finally:
+        for forwarder in forwarders:
+            forwarder.cancel()
+        for sequence_id in pending:  # the client went away
+            state.runtime.cancel(sequence_id)
+        if pending:
+            log.info("%s: the client left the stream; cancelled %d unfinished sequence(s) (499)", header["id"], len(pending))
+        state.metrics.requests.labels("cancelled" if pending else "failed" if failed else "completed").inc()
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -1,0 +1,120 @@
+"""OpenAI API details a client relies on: special tokens never reach the text, a list of prompts gets
+a choice per prompt, and clear 4xx errors for top_logprobs without logprobs, a body that is not
+declared JSON, token ids past the vocabulary and too many stop strings."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from glm_fixtures import checkpoint_dir
+from server_process import running_server
+
+from trellisforge.tokenizer import Tokenizer
+
+MESSAGES = [{"role": "user", "content": "Write something."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", "--max-seqs", "16") as (base, _):
+        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def test_special_tokens_never_reach_the_text(server):
+    """The random model samples GLM's special tokens now and then ([gMASK], <sop>, ...; EOS is
+    ignored here so it keeps going): the logprobs show them, the text never does."""
+    _, client = server
+    specials = [Tokenizer(checkpoint_dir("3.0")).decode([t]) for t in sorted(Tokenizer(checkpoint_dir("3.0")).special_ids)]
+    sampled = 0
+    for seed in range(3):
+        chat = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, n=4, max_tokens=160, temperature=1.5, seed=seed,
+                                              logprobs=True, extra_body={"ignore_eos": True})
+        for choice in chat.choices:
+            tokens = [entry.token for entry in choice.logprobs.content]
+            sampled += sum(token in specials for token in tokens)
+            assert not any(s in choice.message.content for s in specials), choice.message.content
+        text = client.completions.create(model="glm-tiny", prompt="Once", n=4, max_tokens=160, temperature=1.5, seed=seed, logprobs=1,
+                                         extra_body={"ignore_eos": True})
+        for choice in text.choices:
+            sampled += sum(token in specials for token in choice.logprobs.tokens)
+            assert not any(s in choice.text for s in specials), choice.text
+    assert sampled > 0, "no special token was sampled: the check above proved nothing"
+    kept = client.completions.create(model="glm-tiny", prompt="Once", n=4, max_tokens=160, temperature=1.5, seed=0, logprobs=1,
+                                     extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert any(s in choice.text for choice in kept.choices for s in specials)
+
+
+def test_a_list_of_prompts_gets_a_choice_per_prompt(server):
+    _, client = server
+    prompts = ["The history of", "Once upon a time", "In the beginning"]
+    alone = [client.completions.create(model="glm-tiny", prompt=p, max_tokens=6, temperature=0).choices[0].text for p in prompts]
+    together = client.completions.create(model="glm-tiny", prompt=prompts, max_tokens=6, temperature=0, n=2)
+    assert [c.index for c in together.choices] == list(range(6))
+    assert [c.text for c in together.choices] == [text for text in alone for _ in range(2)]
+    single = client.completions.create(model="glm-tiny", prompt=prompts[0], max_tokens=6, temperature=0)
+    as_ids = client.completions.create(model="glm-tiny", prompt=[[5, 6, 7], [8, 9, 10, 11]], max_tokens=6, temperature=0)
+    assert as_ids.usage.prompt_tokens == 7 and len(as_ids.choices) == 2
+    assert together.usage.prompt_tokens == sum(
+        client.completions.create(model="glm-tiny", prompt=p, max_tokens=1).usage.prompt_tokens for p in prompts)
+    assert single.choices[0].text == alone[0]
+
+
+@pytest.mark.parametrize("endpoint,body,status,param,code", [
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 3}, 400, "top_logprobs", "invalid_value"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 3, "logprobs": False}, 400, "top_logprobs", "invalid_value"),
+    ("/v1/completions", {"prompt": [5, 2048]}, 400, "prompt", "token_out_of_vocabulary"),
+    ("/v1/completions", {"prompt": [[5], [6, 99999]]}, 400, "prompt.1", "token_out_of_vocabulary"),
+    ("/v1/completions", {"prompt": ["a", [5]]}, 400, "prompt", "invalid_value"),
+    ("/v1/completions", {"prompt": ["a"] * 17}, 400, "prompt", "invalid_value"),
+    ("/v1/completions", {"prompt": "a", "stop": [str(i) for i in range(17)]}, 400, "stop", "invalid_value"),
+])
+def test_clear_client_errors(server, endpoint, body, status, param, code):
+    base, _ = server
+    response = httpx.post(f"{base}{endpoint}", json={"model": "glm-tiny", "max_tokens": 2, **body}, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["code"] == code and error["message"], error
+
+
+def test_sixteen_stop_strings_are_taken(server):
+    base, _ = server
+    response = httpx.post(f"{base}/v1/completions", json={"model": "glm-tiny", "prompt": "a", "max_tokens": 2,
+                                                          "stop": [f"zz{i}" for i in range(16)]})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("headers", [{}, {"content-type": "application/x-www-form-urlencoded"}, {"content-type": "text/plain"}])
+def test_a_body_not_declared_json_gets_a_clear_message(server, headers):
+    base, _ = server
+    body = json.dumps({"model": "glm-tiny", "prompt": "a", "max_tokens": 2}).encode()
+    response = httpx.post(f"{base}/v1/completions", content=body, headers=headers)
+    assert response.status_code == 415
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "Content-Type: application/json" in error["message"]
+    declared = httpx.post(f"{base}/v1/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert declared.status_code == 200
+
+
+def test_cancelled_streams_are_counted(server):
+    base, _ = server
+
+    def cancelled() -> float:
+        for line in httpx.get(f"{base}/metrics").text.splitlines():
+            if line.startswith('trellisforge_requests_total{outcome="cancelled"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = cancelled()
+    body = {"model": "glm-tiny", "prompt": "Once", "max_tokens": 500, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break  # leave after the first chunk
+    for _ in range(100):
+        if cancelled() == before + 1:
+            break
+        time.sleep(0.05)
+    assert cancelled() == before + 1
