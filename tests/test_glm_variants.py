@@ -145,7 +145,7 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
 def test_unsupported_settings_are_refused_by_name(tmp_path):
     for edit, message in [
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_type .longrope. is not supported"),
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
         ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
         ({"n_group": 3}, "multiple of n_group"),

@@ -9,7 +9,6 @@ const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const tcp = @import("../dist/tcp.zig");
 const nccl_mod = @import("../dist/nccl.zig");
-const KvCache = @import("kv_cache.zig").KvCache;
 const Diagnostic = core.Diagnostic;
 
 pub const Error = glm.shard.Error || tcp.Error || glm.cuda_exl3.Error || nccl_mod.Error;
@@ -59,7 +58,8 @@ pub const Rank = struct {
     rank: usize,
     shape: Shape,
     weights: glm.Weights,
-    cache: KvCache,
+    /// The host KV cache of a CPU rank (a GPU rank's lives in its GpuModel).
+    cache: ?glm.cache.HostCache,
     scratch: glm.forward_cpu.Scratch,
     gpu: ?*glm.cuda_exl3.GpuModel,
     nccl: ?nccl_mod.Nccl,
@@ -123,8 +123,8 @@ pub const Rank = struct {
         errdefer self.weights.deinit(gpa);
         const c = self.weights.config;
         const on_gpu = shape.backend == 1;
-        self.cache = try KvCache.init(gpa, .{ .layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .page_tokens = shape.page_tokens, .pages = shape.pages }, !on_gpu);
-        errdefer self.cache.deinit(gpa);
+        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, shape.pages, shape.page_tokens);
+        errdefer if (self.cache) |*cache| cache.deinit(gpa);
         self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
         errdefer self.scratch.deinit();
         self.partials = try gpa.alloc(f32, 2 * shape.rows_max * c.hidden_size);
@@ -171,7 +171,7 @@ pub const Rank = struct {
         gpa.free(self.plan);
         gpa.free(self.partials);
         self.scratch.deinit();
-        self.cache.deinit(gpa);
+        if (self.cache) |*cache| cache.deinit(gpa);
         self.weights.deinit(gpa);
         gpa.destroy(self);
     }
@@ -245,7 +245,7 @@ pub const Rank = struct {
             };
             return;
         }
-        glm.forward_cpu.forwardRank(&self.weights, &self.cache, batch, &self.scratch, logits, .{ .context = &context, .sum = reduce });
+        glm.forward_cpu.forwardRank(&self.weights, &self.cache.?, batch, &self.scratch, logits, .{ .context = &context, .sum = reduce });
         if (context.failed) {
             if (self.rank == 0) self.failure = diag.*;
             return error.NetworkFailed;

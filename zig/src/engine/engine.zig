@@ -7,7 +7,7 @@ const std = @import("std");
 const assert = std.debug.assert;
 const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
-const KvCache = @import("kv_cache.zig").KvCache;
+const KvPages = @import("kv_pages.zig").KvPages;
 const sampler = @import("sampler.zig");
 const token_mask = @import("token_mask.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
@@ -90,7 +90,10 @@ pub const Engine = struct {
     checkpoint: ?core.Checkpoint, // null for an in-memory synthetic model
     weights: glm.Weights,
     params: Params,
-    cache: KvCache,
+    pages: KvPages,
+    /// The KV cache's storage on the host: the CPU backend's (the GPU model keeps its own, as do
+    /// tensor-parallel ranks).
+    host_cache: ?glm.cache.HostCache,
     scratch: glm.forward_cpu.Scratch,
     sequences: []Sequence,
     pages_reserved: usize,
@@ -171,14 +174,13 @@ pub const Engine = struct {
 
         engine.params = try resolveParams(requested, model, diag);
         const p = engine.params;
-        engine.cache = try KvCache.init(gpa, .{
-            .layers = model.layers,
-            .kv_heads = model.kv_heads,
-            .head_dim = model.head_dim,
-            .page_tokens = p.page_tokens,
-            .pages = p.kv_pages,
-        }, p.backend == @backingInt(Backend.cpu) and p.tp_world == 1);
-        errdefer engine.cache.deinit(gpa);
+        engine.pages = try KvPages.init(gpa, p.kv_pages, p.page_tokens);
+        errdefer engine.pages.deinit(gpa);
+        engine.host_cache = null;
+        if (p.backend == @backingInt(Backend.cpu) and p.tp_world == 1) {
+            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, p.kv_pages, p.page_tokens);
+        }
+        errdefer if (engine.host_cache) |*cache| cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
         errdefer engine.scratch.deinit();
         engine.workspace = try sampler.Workspace.init(gpa, model.vocab_size);
@@ -272,7 +274,8 @@ pub const Engine = struct {
         engine.plan_arena.deinit();
         engine.workspace.deinit(gpa);
         engine.scratch.deinit();
-        engine.cache.deinit(gpa);
+        if (engine.host_cache) |*cache| cache.deinit(gpa);
+        engine.pages.deinit(gpa);
         engine.weights.deinit(gpa);
         if (engine.checkpoint) |*checkpoint| checkpoint.deinit();
         gpa.destroy(engine);
@@ -384,7 +387,7 @@ pub const Engine = struct {
 
     fn finish(engine: *Engine, sequence: *Sequence) void {
         const slot = engine.slotOf(sequence);
-        for (sequence.pages[0..sequence.pages_used]) |page| engine.cache.release(slot, page);
+        for (sequence.pages[0..sequence.pages_used]) |page| engine.pages.release(slot, page);
         if (sequence.state == .active) engine.pages_reserved -= sequence.pages_reserved;
         sequence.pages_used = 0;
         sequence.state = .free;
@@ -400,7 +403,7 @@ pub const Engine = struct {
         };
         return .{
             .pages_total = engine.params.kv_pages,
-            .pages_free = @intCast(engine.cache.free_count),
+            .pages_free = @intCast(engine.pages.free_count),
             .pages_reserved = @intCast(engine.pages_reserved),
             .sequences_live = live,
             .sequences_waiting = waiting,
@@ -520,7 +523,7 @@ pub const Engine = struct {
         } else if (engine.tensor_parallel) |group| {
             group.forward(batch, logits);
         } else {
-            glm.forward_cpu.forward(&engine.weights, &engine.cache, batch, &engine.scratch, logits);
+            glm.forward_cpu.forward(&engine.weights, &engine.host_cache.?, batch, &engine.scratch, logits);
         }
         const vocab = engine.config().vocab_size;
         for (summaries, 0..) |*summary, i| summary.* = core.LogitsSummary.of(logits[i * vocab ..][0..vocab]);
@@ -543,7 +546,7 @@ pub const Engine = struct {
         assert(page_index <= sequence.pages_used);
         if (page_index < sequence.pages_used) return;
         assert(sequence.pages_used < sequence.pages_reserved); // the budget admitted covers it
-        sequence.pages[sequence.pages_used] = engine.cache.take(engine.slotOf(sequence));
+        sequence.pages[sequence.pages_used] = engine.pages.take(engine.slotOf(sequence));
         sequence.pages_used += 1;
     }
 

@@ -1,12 +1,12 @@
 //! Sequences, the paged KV cache, continuous batching and sampling, over a model family's forward.
-pub const kv_cache = @import("kv_cache.zig");
+pub const kv_pages = @import("kv_pages.zig");
 pub const sampler = @import("sampler.zig");
 pub const token_mask = @import("token_mask.zig");
 pub const Engine = @import("engine.zig").Engine;
 pub const engine = @import("engine.zig");
 
 test {
-    _ = kv_cache;
+    _ = kv_pages;
     _ = sampler;
     _ = token_mask;
     _ = engine;

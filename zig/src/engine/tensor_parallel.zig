@@ -6,7 +6,7 @@ const std = @import("std");
 const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const dist = @import("../dist/root.zig");
-const KvCache = @import("kv_cache.zig").KvCache;
+
 const Diagnostic = core.Diagnostic;
 
 pub const Error = glm.shard.Error;
@@ -21,7 +21,7 @@ pub const Limits = struct {
 
 const Rank = struct {
     weights: glm.Weights,
-    cache: KvCache,
+    cache: glm.cache.HostCache,
     scratch: glm.forward_cpu.Scratch,
 };
 
@@ -43,7 +43,7 @@ pub const TensorParallel = struct {
             rank.weights = try glm.shard.shard(gpa, full, limits.world, r, diag);
             errdefer rank.weights.deinit(gpa);
             const c = rank.weights.config;
-            rank.cache = try KvCache.init(gpa, .{ .layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .page_tokens = limits.page_tokens, .pages = limits.pages }, true);
+            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.pages, limits.page_tokens);
             errdefer rank.cache.deinit(gpa);
             rank.scratch = try glm.forward_cpu.Scratch.init(gpa, &rank.weights, limits.rows_max, limits.context_max);
             ready += 1;

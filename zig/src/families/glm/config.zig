@@ -1,19 +1,74 @@
-//! The GLM class-A config (`Glm4MoeForCausalLM`, GLM.md §2.1, §2.5). Size fields are required and
-//! a missing one is an error naming it; behaviour fields take transformers' defaults, since the
-//! reference implementation is what a checkpoint was written for. RoPE fields are read from the top
-//! level or from transformers 5's `rope_parameters`.
+//! The GLM config (GLM.md §2): which class a checkpoint is, its sizes, and per layer which parts it
+//! is built from (parts/). Size fields are required and a missing one is an error naming it;
+//! behaviour fields take the class's transformers defaults, since the reference implementation is
+//! what a checkpoint was written for. Adding a class is a row of `classes` and its part fields.
 const std = @import("std");
 const core = @import("../../core/root.zig");
+const fields_mod = @import("config_fields.zig");
+const rope_mod = @import("rope.zig");
 const Diagnostic = core.Diagnostic;
+const Fields = fields_mod.Fields;
 
-pub const Error = error{ InvalidConfig, UnsupportedModel };
+pub const Error = fields_mod.Error;
 
-pub const supported_architecture = "Glm4MoeForCausalLM";
 pub const layers_max = 512;
 pub const experts_max = 1024;
 pub const experts_per_token_max = 64;
 
+pub const Class = enum { glm4_moe, glm4_moe_lite, glm_moe_dsa };
+
+/// Architecture name (config.json `architectures[0]`) to class, and the class's default
+/// routed_scaling_factor in transformers.
+const classes = [_]struct { name: []const u8, class: Class, routed_scaling_default: f64 }{
+    .{ .name = "Glm4MoeForCausalLM", .class = .glm4_moe, .routed_scaling_default = 1.0 },
+    .{ .name = "Glm4MoeLiteForCausalLM", .class = .glm4_moe_lite, .routed_scaling_default = 1.8 },
+    .{ .name = "GlmMoeDsaForCausalLM", .class = .glm_moe_dsa, .routed_scaling_default = 2.5 },
+};
+pub const supported_architectures = "Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, GlmMoeDsaForCausalLM";
+
+pub const Attention = enum(u8) { gqa, mla };
+pub const Ffn = enum(u8) { dense, moe };
+/// A DSA layer's indexer: its own (full), the last full layer's selection (shared), or none.
+pub const IndexerUse = enum(u8) { none, full, shared };
+
+pub const LayerPlan = struct { attention: Attention, ffn: Ffn, indexer: IndexerUse = .none };
+
+/// Multi-head latent attention (GLM.md §3.5).
+pub const Mla = struct {
+    /// 0: q comes from one q_proj (q_lora_rank null).
+    q_lora_rank: usize,
+    kv_lora_rank: usize,
+    nope_dim: usize,
+    rope_dim: usize,
+    v_dim: usize,
+    /// q_a_proj, kv_a_proj_with_mqa and o_proj carry biases (attention_bias).
+    bias: bool,
+    /// transformers builds q_a_layernorm and kv_a_layernorm with its RMSNorm default eps.
+    latent_eps: f32 = 1e-6,
+
+    pub fn qkDim(m: Mla) usize {
+        return m.nope_dim + m.rope_dim;
+    }
+
+    /// What a position of a layer keeps in the cache: the normed latent, then the rotated k_rope.
+    pub fn cacheWidth(m: Mla) usize {
+        return m.kv_lora_rank + m.rope_dim;
+    }
+};
+
+/// The DSA lightning indexer (GLM.md §3.6).
+pub const Indexer = struct {
+    heads: usize,
+    head_dim: usize,
+    topk: usize,
+    /// Its first rope_dim dims are rotated (interleaved), the rest pass.
+    rope_dim: usize,
+    /// k_norm is a LayerNorm with transformers' default eps.
+    eps: f32 = 1e-6,
+};
+
 pub const Config = struct {
+    class: Class,
     hidden_size: usize,
     layers: usize,
     heads: usize,
@@ -21,83 +76,90 @@ pub const Config = struct {
     head_dim: usize,
     rotary_dim: usize,
     rope_theta: f64,
+    rope: rope_mod.Rope,
     rms_norm_eps: f32,
     attention_bias: bool,
     qk_norm: bool,
+    /// softmax(q·k · attention_scale): head_dim^-0.5 for GQA, qk_dim^-0.5 times YaRN's mscale² for
+    /// MLA (transformers' yarn_apply_mscale).
+    attention_scale: f32,
+    mla: Mla,
+    indexer: Indexer,
     vocab_size: usize,
     intermediate_size: usize,
     moe_intermediate_size: usize,
     routed_experts: usize,
     shared_experts: usize,
     experts_per_token: usize,
-    first_dense_layers: usize,
     groups: usize,
     groups_per_token: usize,
     norm_topk_prob: bool,
     routed_scaling_factor: f32,
     tie_word_embeddings: bool,
     max_position_embeddings: usize,
+    plan: [layers_max]LayerPlan,
 
     pub fn isDense(config: *const Config, layer: usize) bool {
-        return layer < config.first_dense_layers;
+        return config.plan[layer].ffn == .dense;
+    }
+
+    pub fn attentionOf(config: *const Config, layer: usize) Attention {
+        return config.plan[layer].attention;
+    }
+
+    /// Layers of `kind` before `layer`: the layer's index in its part's cache.
+    pub fn indexAmong(config: *const Config, layer: usize, comptime field: []const u8, kind: anytype) usize {
+        var count: usize = 0;
+        for (config.plan[0..layer]) |p| count += @intFromBool(@field(p, field) == kind);
+        return count;
+    }
+
+    pub fn countOf(config: *const Config, comptime field: []const u8, kind: anytype) usize {
+        return config.indexAmong(config.layers, field, kind);
     }
 
     pub fn parse(model: *const core.config.ModelConfig, diag: *Diagnostic) Error!Config {
-        if (!std.mem.eql(u8, model.architecture, supported_architecture)) {
-            diag.set("unsupported architecture '{s}' (this build runs {s})", .{ model.architecture, supported_architecture });
+        const row = for (classes) |row| {
+            if (std.mem.eql(u8, model.architecture, row.name)) break row;
+        } else {
+            diag.set("unsupported architecture '{s}' (this build runs {s})", .{ model.architecture, supported_architectures });
             return error.UnsupportedModel;
-        }
-        const f: Fields = .{ .map = model.root, .diag = diag };
-        const hidden_size = try f.size("hidden_size", null);
-        const heads = try f.size("num_attention_heads", null);
-        var config: Config = .{
-            .hidden_size = hidden_size,
-            .layers = try f.size("num_hidden_layers", null),
-            .heads = heads,
-            .kv_heads = try f.size("num_key_value_heads", heads),
-            .head_dim = try f.size("head_dim", if (heads > 0) hidden_size / heads else null),
-            .rotary_dim = 0,
-            .rope_theta = try f.ropeNumber("rope_theta", 10000.0),
-            .rms_norm_eps = @floatCast(try f.number("rms_norm_eps", 1e-5)),
-            .attention_bias = try f.boolean("attention_bias", false),
-            .qk_norm = try f.boolean("use_qk_norm", false),
-            .vocab_size = try f.size("vocab_size", null),
-            .intermediate_size = try f.size("intermediate_size", null),
-            .moe_intermediate_size = try f.size("moe_intermediate_size", null),
-            .routed_experts = try f.size("n_routed_experts", null),
-            .shared_experts = try f.size("n_shared_experts", 1),
-            .experts_per_token = try f.size("num_experts_per_tok", null),
-            .first_dense_layers = try f.size("first_k_dense_replace", 1),
-            .groups = try f.size("n_group", 1),
-            .groups_per_token = try f.size("topk_group", 1),
-            .norm_topk_prob = try f.boolean("norm_topk_prob", true),
-            .routed_scaling_factor = @floatCast(try f.number("routed_scaling_factor", 1.0)),
-            .tie_word_embeddings = try f.boolean("tie_word_embeddings", false),
-            .max_position_embeddings = try f.size("max_position_embeddings", 131072),
         };
-        const partial = try f.ropeNumber("partial_rotary_factor", 0.5);
-        config.rotary_dim = @intFromFloat(@floor(@as(f64, @floatFromInt(config.head_dim)) * partial));
-        try f.checkUnsupported();
+        const f: Fields = .{ .map = model.root, .diag = diag };
+        try f.checkFunctions();
+        var config = try common(f, row.class, row.routed_scaling_default);
+        switch (row.class) {
+            .glm4_moe => try gqaFields(f, &config),
+            .glm4_moe_lite, .glm_moe_dsa => try mlaFields(f, &config),
+        }
+        try layerPlan(f, &config);
         try config.validate(diag);
         return config;
     }
 
     fn validate(config: *const Config, diag: *Diagnostic) Error!void {
+        const c = config;
+        const m = c.mla;
+        const mla = c.class != .glm4_moe;
         const checks = [_]struct { bool, []const u8 }{
-            .{ config.hidden_size > 0, "hidden_size must be positive" },
-            .{ config.layers > 0 and config.layers <= layers_max, "num_hidden_layers must be 1..512" },
-            .{ config.heads > 0 and config.kv_heads > 0, "head counts must be positive" },
-            .{ config.heads % @max(config.kv_heads, 1) == 0, "num_attention_heads must be a multiple of num_key_value_heads" },
-            .{ config.head_dim > 0 and config.head_dim % 2 == 0, "head_dim must be positive and even" },
-            .{ config.rotary_dim % 2 == 0 and config.rotary_dim <= config.head_dim, "partial_rotary_factor x head_dim must be an even number of dims <= head_dim" },
-            .{ config.rope_theta > 0, "rope_theta must be positive" },
-            .{ config.rms_norm_eps > 0, "rms_norm_eps must be positive" },
-            .{ config.vocab_size > 0, "vocab_size must be positive" },
-            .{ config.routed_experts > 0 and config.routed_experts <= experts_max, "n_routed_experts must be 1..1024" },
-            .{ config.experts_per_token > 0 and config.experts_per_token <= @min(config.routed_experts, experts_per_token_max), "num_experts_per_tok must be 1..min(n_routed_experts, 64)" },
-            .{ config.groups > 0 and config.routed_experts % @max(config.groups, 1) == 0, "n_routed_experts must be a multiple of n_group" },
-            .{ config.groups_per_token > 0 and config.groups_per_token <= config.groups, "topk_group must be 1..n_group" },
-            .{ config.first_dense_layers <= config.layers, "first_k_dense_replace must be <= num_hidden_layers" },
+            .{ c.hidden_size > 0, "hidden_size must be positive" },
+            .{ c.layers > 0 and c.layers <= layers_max, "num_hidden_layers must be 1..512" },
+            .{ c.heads > 0 and c.kv_heads > 0, "head counts must be positive" },
+            .{ mla or c.heads % @max(c.kv_heads, 1) == 0, "num_attention_heads must be a multiple of num_key_value_heads" },
+            .{ mla or (c.head_dim > 0 and c.head_dim % 2 == 0), "head_dim must be positive and even" },
+            .{ c.rotary_dim % 2 == 0 and c.rotary_dim <= rope_mod.dim_max, "the rotated dims must be even and at most 256" },
+            .{ mla or c.rotary_dim <= c.head_dim, "partial_rotary_factor x head_dim must be <= head_dim" },
+            .{ !mla or (m.kv_lora_rank > 0 and m.nope_dim > 0 and m.v_dim > 0), "kv_lora_rank, qk_nope_head_dim and v_head_dim must be positive" },
+            .{ c.class != .glm_moe_dsa or m.q_lora_rank > 0, "GlmMoeDsa needs q_lora_rank (its indexer reads the q latent)" },
+            .{ c.class != .glm_moe_dsa or (c.indexer.heads > 0 and c.indexer.topk > 0), "index_n_heads and index_topk must be positive" },
+            .{ c.class != .glm_moe_dsa or (c.indexer.head_dim >= c.indexer.rope_dim and c.indexer.head_dim > 0), "index_head_dim must be at least qk_rope_head_dim" },
+            .{ c.rope_theta > 0, "rope_theta must be positive" },
+            .{ c.rms_norm_eps > 0, "rms_norm_eps must be positive" },
+            .{ c.vocab_size > 0, "vocab_size must be positive" },
+            .{ c.routed_experts > 0 and c.routed_experts <= experts_max, "n_routed_experts must be 1..1024" },
+            .{ c.experts_per_token > 0 and c.experts_per_token <= @min(c.routed_experts, experts_per_token_max), "num_experts_per_tok must be 1..min(n_routed_experts, 64)" },
+            .{ c.groups > 0 and c.routed_experts % @max(c.groups, 1) == 0, "n_routed_experts must be a multiple of n_group" },
+            .{ c.groups_per_token > 0 and c.groups_per_token <= c.groups, "topk_group must be 1..n_group" },
         };
         for (checks) |check| {
             if (!check[0]) {
@@ -105,96 +167,117 @@ pub const Config = struct {
                 return error.InvalidConfig;
             }
         }
-        if (config.groups > 1 and config.routed_experts / config.groups < 2) {
-            diag.set("config.json: group-limited routing needs at least 2 experts per group (n_group {d})", .{config.groups});
+        if (c.groups > 1 and c.routed_experts / c.groups < 2) {
+            diag.set("config.json: group-limited routing needs at least 2 experts per group (n_group {d})", .{c.groups});
             return error.InvalidConfig;
         }
     }
 };
 
-const Fields = struct {
-    map: std.json.ObjectMap,
-    diag: *Diagnostic,
+fn common(f: Fields, class: Class, routed_scaling_default: f64) Error!Config {
+    const hidden_size = try f.size("hidden_size", null);
+    const heads = try f.size("num_attention_heads", null);
+    return .{
+        .class = class,
+        .hidden_size = hidden_size,
+        .layers = try f.size("num_hidden_layers", null),
+        .heads = heads,
+        .kv_heads = try f.size("num_key_value_heads", heads),
+        .head_dim = 0,
+        .rotary_dim = 0,
+        .rope_theta = try f.ropeNumber("rope_theta", 10000.0),
+        .rope = undefined,
+        .rms_norm_eps = @floatCast(try f.number("rms_norm_eps", 1e-5)),
+        .attention_bias = try f.boolean("attention_bias", false),
+        .qk_norm = false,
+        .attention_scale = 0,
+        .mla = std.mem.zeroes(Mla),
+        .indexer = std.mem.zeroes(Indexer),
+        .vocab_size = try f.size("vocab_size", null),
+        .intermediate_size = try f.size("intermediate_size", null),
+        .moe_intermediate_size = try f.size("moe_intermediate_size", null),
+        .routed_experts = try f.size("n_routed_experts", null),
+        .shared_experts = try f.size("n_shared_experts", 1),
+        .experts_per_token = try f.size("num_experts_per_tok", null),
+        .groups = try f.size("n_group", 1),
+        .groups_per_token = try f.size("topk_group", 1),
+        .norm_topk_prob = try f.boolean("norm_topk_prob", true),
+        .routed_scaling_factor = @floatCast(try f.number("routed_scaling_factor", routed_scaling_default)),
+        .tie_word_embeddings = try f.boolean("tie_word_embeddings", false),
+        .max_position_embeddings = try f.size("max_position_embeddings", 131072),
+        .plan = undefined,
+    };
+}
 
-    fn size(f: Fields, key: []const u8, default: ?usize) Error!usize {
-        const value = f.map.get(key) orelse return default orelse f.missing(key);
-        return switch (value) {
-            .integer => |int| if (int >= 0) @intCast(int) else f.wrong(key, "a non-negative integer"),
-            .null => default orelse f.missing(key),
-            else => f.wrong(key, "a non-negative integer"),
-        };
+/// Class A: grouped-query attention with partial rotate-half RoPE.
+fn gqaFields(f: Fields, c: *Config) Error!void {
+    c.head_dim = try f.size("head_dim", if (c.heads > 0) c.hidden_size / c.heads else null);
+    c.qk_norm = try f.boolean("use_qk_norm", false);
+    const partial = try f.ropeNumber("partial_rotary_factor", 0.5);
+    c.rotary_dim = @intFromFloat(@floor(@as(f64, @floatFromInt(c.head_dim)) * partial));
+    c.rope = try rope_mod.Rope.parse(f, c.rotary_dim, .half, c.max_position_embeddings);
+    c.attention_scale = @floatCast(1.0 / @sqrt(@as(f64, @floatFromInt(@max(c.head_dim, 1)))));
+}
+
+/// Classes B and C: multi-head latent attention; C adds the DSA indexer.
+fn mlaFields(f: Fields, c: *Config) Error!void {
+    const m: Mla = .{
+        .q_lora_rank = try f.sizeOrNull("q_lora_rank", if (c.class == .glm_moe_dsa) 2048 else 768),
+        .kv_lora_rank = try f.size("kv_lora_rank", null),
+        .nope_dim = try f.size("qk_nope_head_dim", null),
+        .rope_dim = try f.size("qk_rope_head_dim", null),
+        .v_dim = try f.size("v_head_dim", null),
+        .bias = c.attention_bias,
+    };
+    c.mla = m;
+    c.head_dim = m.qkDim();
+    c.rotary_dim = m.rope_dim;
+    // GlmMoeDsa's attention and indexer always interleave; GLM-4.7-Flash's follows rope_interleave.
+    const interleave = c.class == .glm_moe_dsa or try f.boolean("rope_interleave", true);
+    c.rope = try rope_mod.Rope.parse(f, m.rope_dim, if (interleave) .interleaved else .half, c.max_position_embeddings);
+    var scale = 1.0 / @sqrt(@as(f64, @floatFromInt(m.qkDim())));
+    if (c.rope.yarn) |yarn| {
+        const parameters = (try f.ropeObject()).?;
+        const p: Fields = .{ .map = parameters, .diag = f.diag };
+        const mscale_all_dim = try p.number("mscale_all_dim", 0);
+        if (mscale_all_dim != 0) scale *= std.math.pow(f64, rope_mod.yarnMscale(yarn.factor, mscale_all_dim), 2);
     }
+    c.attention_scale = @floatCast(scale);
+    if (c.class == .glm_moe_dsa) c.indexer = .{
+        .heads = try f.size("index_n_heads", 32),
+        .head_dim = try f.size("index_head_dim", 128),
+        .topk = try f.size("index_topk", 2048),
+        .rope_dim = m.rope_dim,
+    };
+}
 
-    fn number(f: Fields, key: []const u8, default: f64) Error!f64 {
-        const value = f.map.get(key) orelse return default;
-        return numberValue(f, key, value, default);
+/// Per layer: the attention part, dense or MoE (mlp_layer_types, else first_k_dense_replace), and
+/// for DSA the indexer (indexer_types, else transformers' index_topk_freq schedule).
+fn layerPlan(f: Fields, c: *Config) Error!void {
+    if (c.layers == 0 or c.layers > layers_max) return f.wrong("num_hidden_layers", "1..512");
+    var names: [layers_max]u8 = undefined;
+    const dense_default: usize = switch (c.class) {
+        .glm4_moe => 1,
+        .glm4_moe_lite => 1,
+        .glm_moe_dsa => 3,
+    };
+    const mlp_types = try f.layerList("mlp_layer_types", c.layers, &.{ "dense", "sparse" }, &names);
+    const first_dense = try f.size("first_k_dense_replace", dense_default);
+    if (mlp_types == null and first_dense > c.layers) return f.wrong("first_k_dense_replace", "at most num_hidden_layers");
+    for (c.plan[0..c.layers], 0..) |*p, layer| {
+        const dense = if (mlp_types) |t| t[layer] == 0 else layer < first_dense;
+        p.* = .{ .attention = if (c.class == .glm4_moe) .gqa else .mla, .ffn = if (dense) .dense else .moe };
     }
-
-    fn numberValue(f: Fields, key: []const u8, value: std.json.Value, default: f64) Error!f64 {
-        return switch (value) {
-            .integer => |int| @floatFromInt(int),
-            .float => |float| float,
-            .null => default,
-            else => f.wrong(key, "a number"),
-        };
+    if (c.class != .glm_moe_dsa) return;
+    if (try f.layerList("indexer_types", c.layers, &.{ "full", "shared" }, &names)) |kinds| {
+        for (c.plan[0..c.layers], kinds) |*p, kind| p.indexer = if (kind == 0) .full else .shared;
+    } else {
+        const freq = @max(try f.size("index_topk_freq", 1), 1);
+        const offset = try f.size("index_skip_topk_offset", 2);
+        for (c.plan[0..c.layers], 0..) |*p, i| p.indexer = if ((i + 1 -| offset) % freq == 0) .full else .shared;
     }
-
-    /// Top-level key first (real GLM checkpoints), then `rope_parameters` (transformers 5).
-    fn ropeNumber(f: Fields, key: []const u8, default: f64) Error!f64 {
-        if (f.map.get(key)) |value| {
-            if (value != .null) return f.numberValue(key, value, default);
-        }
-        const parameters = f.map.get("rope_parameters") orelse return default;
-        if (parameters != .object) return default;
-        const value = parameters.object.get(key) orelse return default;
-        return f.numberValue(key, value, default);
-    }
-
-    fn boolean(f: Fields, key: []const u8, default: bool) Error!bool {
-        const value = f.map.get(key) orelse return default;
-        return switch (value) {
-            .bool => |b| b,
-            .null => default,
-            else => f.wrong(key, "true or false"),
-        };
-    }
-
-    /// Settings this engine does not implement are refused by name, never ignored.
-    fn checkUnsupported(f: Fields) Error!void {
-        if (f.map.get("hidden_act")) |act| {
-            if (act != .string or !std.mem.eql(u8, act.string, "silu")) {
-                f.diag.set("config.json: hidden_act must be 'silu'", .{});
-                return error.UnsupportedModel;
-            }
-        }
-        for ([_][]const u8{ "rope_scaling", "rope_parameters" }) |key| {
-            const value = f.map.get(key) orelse continue;
-            if (value == .null) continue;
-            if (value != .object) {
-                f.diag.set("config.json: {s} is not an object", .{key});
-                return error.InvalidConfig;
-            }
-            const kind = value.object.get("rope_type") orelse value.object.get("type") orelse continue;
-            if (kind != .string or !std.mem.eql(u8, kind.string, "default")) {
-                f.diag.set("config.json: {s}.rope_type other than 'default' is not supported", .{key});
-                return error.UnsupportedModel;
-            }
-        }
-        if (f.map.get("scoring_func")) |func| {
-            if (func != .string or !std.mem.eql(u8, func.string, "sigmoid")) {
-                f.diag.set("config.json: scoring_func must be 'sigmoid' (GLM.md §2.5)", .{});
-                return error.UnsupportedModel;
-            }
-        }
-    }
-
-    fn missing(f: Fields, key: []const u8) Error {
-        f.diag.set("config.json: missing field '{s}'", .{key});
+    if (c.plan[0].indexer != .full) {
+        f.diag.set("config.json: indexer_types[0] is 'shared', but no earlier layer selects for it", .{});
         return error.InvalidConfig;
     }
-
-    fn wrong(f: Fields, key: []const u8, expected: []const u8) Error {
-        f.diag.set("config.json: '{s}' is not {s}", .{ key, expected });
-        return error.InvalidConfig;
-    }
-};
+}

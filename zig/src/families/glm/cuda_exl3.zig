@@ -22,6 +22,8 @@ const exl3 = @import("../../exl3/root.zig");
 const weights_mod = @import("weights.zig");
 const rope = @import("rope.zig");
 const forward_cpu = @import("forward_cpu.zig");
+const Mlp = @import("parts/mlp.zig").Mlp;
+const Moe = @import("parts/moe.zig").Moe;
 const Config = @import("config.zig").Config;
 const Linear = @import("linear.zig").Linear;
 const Diagnostic = core.Diagnostic;
@@ -216,6 +218,10 @@ pub const GpuModel = struct {
             diag.set("the CUDA attention takes head_dim <= {d}, a multiple of 4, and heads a multiple of kv_heads; this model has head_dim {d}, {d} heads, {d} KV heads", .{ K.Kernels.attention_head_dim_max, c.head_dim, c.heads, c.kv_heads });
             return error.UnsupportedModel;
         }
+        if (c.countOf("attention", .mla) > 0) {
+            diag.set("the CUDA backend does not run multi-head latent attention yet ({t}); use the cpu backend", .{c.class});
+            return error.UnsupportedModel;
+        }
         model.gpu = try cuda.Gpu.open(limits.device, diag);
         errdefer model.gpu.close();
         errdefer model.freeAll();
@@ -278,20 +284,21 @@ pub const GpuModel = struct {
         model.embed = try model.putF32(embed, diag);
         model.blocks = try gpa.alloc(GpuBlock, c.layers);
         for (weights.blocks, model.blocks) |*block, *target| {
+            const gqa = &block.attention.gqa; // init refused the other parts
             target.* = .{
                 .input_norm = try model.putF32(block.input_norm, diag),
                 .post_attention_norm = try model.putF32(block.post_attention_norm, diag),
-                .q = try model.uploadLinear(&block.q, diag),
-                .k = try model.uploadLinear(&block.k, diag),
-                .v = try model.uploadLinear(&block.v, diag),
-                .o = try model.uploadLinear(&block.o, diag),
-                .q_norm = if (block.q_norm) |w| try model.putF32(w, diag) else 0,
-                .k_norm = if (block.k_norm) |w| try model.putF32(w, diag) else 0,
+                .q = try model.uploadLinear(&gqa.q, diag),
+                .k = try model.uploadLinear(&gqa.k, diag),
+                .v = try model.uploadLinear(&gqa.v, diag),
+                .o = try model.uploadLinear(&gqa.o, diag),
+                .q_norm = if (gqa.q_norm) |w| try model.putF32(w, diag) else 0,
+                .k_norm = if (gqa.k_norm) |w| try model.putF32(w, diag) else 0,
                 .ffn = switch (block.ffn) {
                     .dense => |*mlp| .{ .dense = try model.uploadMlp(mlp, diag) },
                     .moe => |*moe| moe: {
                         const merged = mergedShared(moe, model.merge_shared);
-                        const apart: ?*const weights_mod.Mlp = if (merged == null) if (moe.shared) |*mlp| mlp else null else null;
+                        const apart: ?*const Mlp = if (merged == null) if (moe.shared) |*mlp| mlp else null else null;
                         break :moe .{ .moe = .{
                             .router = try model.putF32(moe.router, diag),
                             .correction = try model.putF32(moe.correction_bias, diag),
@@ -321,7 +328,7 @@ pub const GpuModel = struct {
         model.lm_head = try model.uploadLinear(&weights.lm_head, diag);
     }
 
-    fn uploadMlp(model: *GpuModel, source: *const weights_mod.Mlp, diag: *Diagnostic) Error!GpuMlp {
+    fn uploadMlp(model: *GpuModel, source: *const Mlp, diag: *Diagnostic) Error!GpuMlp {
         var mlp: GpuMlp = .{
             .gate = try model.uploadLinear(&source.gate, diag),
             .up = try model.uploadLinear(&source.up, diag),
@@ -398,7 +405,7 @@ pub const GpuModel = struct {
     /// The gate and up projections of all experts in one table: gate entries 0..E-1, up entries
     /// E..2E-1, so that one launch runs both for every (row, selected expert) (tf_route writes the
     /// items' entries). All must share shape, rate and codebook.
-    fn groupedPair(model: *GpuModel, experts: []const weights_mod.Mlp, shared: ?*const weights_mod.Mlp, diag: *Diagnostic) Error![2]GroupedLinear {
+    fn groupedPair(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, diag: *Diagnostic) Error![2]GroupedLinear {
         const first = &experts[0].gate;
         const layer0 = switch (first.kind) {
             .exl3 => |*l| l,
@@ -445,7 +452,7 @@ pub const GpuModel = struct {
         return .{ gate, up };
     }
 
-    fn grouped(model: *GpuModel, experts: []const weights_mod.Mlp, shared: ?*const weights_mod.Mlp, comptime which: []const u8, diag: *Diagnostic) Error!GroupedLinear {
+    fn grouped(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, comptime which: []const u8, diag: *Diagnostic) Error!GroupedLinear {
         const first = &@field(experts[0], which);
         const layer0 = switch (first.kind) {
             .exl3 => |*l| l,
@@ -789,7 +796,7 @@ pub const GpuModel = struct {
             model.host_offsets[r] = @intCast(at);
             @memcpy(model.host_tables[at..][0..table.len], table);
             at += table.len;
-            rope.cosSin(c, batch.positions[r], model.host_cos_sin[r * c.rotary_dim ..][0..c.rotary_dim]);
+            rope.cosSin(c.rope, batch.positions[r], model.host_cos_sin[r * c.rotary_dim ..][0..c.rotary_dim]);
         }
         try model.gpu.upload(model.tokens, std.mem.sliceAsBytes(batch.tokens), diag);
         try model.gpu.upload(model.positions, std.mem.sliceAsBytes(batch.positions), diag);
@@ -1087,7 +1094,7 @@ pub const GpuModel = struct {
 /// whose three projections are EXL3 of the routed experts' rate, codebook and shape (then its
 /// output is the last slot of each row, weight 1, summed last as before: the same bits).
 /// `allowed`: the TF_CUDA_SHARED_MERGE switch.
-fn mergedShared(moe: *const weights_mod.Moe, allowed: bool) ?*const weights_mod.Mlp {
+fn mergedShared(moe: *const Moe, allowed: bool) ?*const Mlp {
     const shared = if (moe.shared) |*mlp| mlp else return null;
     if (!allowed or moe.experts.len == 0) return null;
     inline for (.{ "gate", "up", "down" }) |which| {

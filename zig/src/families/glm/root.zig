@@ -1,11 +1,25 @@
-//! GLM class A (`Glm4MoeForCausalLM`): config, weights by role, routing, RoPE and the CPU forward.
+//! The GLM family: config (which class, which parts per layer), weights by part, the CPU forward
+//! composed from the parts, its CUDA counterpart, tensor-parallel shards and synthetic weights.
+//! Classes: A `Glm4MoeForCausalLM` (GQA), B `Glm4MoeLiteForCausalLM` (MLA), C
+//! `GlmMoeDsaForCausalLM` (MLA + the DSA indexer).
 pub const config = @import("config.zig");
 pub const Config = config.Config;
 pub const linear = @import("linear.zig");
+pub const loader = @import("loader.zig");
 pub const weights = @import("weights.zig");
 pub const Weights = weights.Weights;
-pub const router = @import("router.zig");
+pub const batch = @import("batch.zig");
+pub const cache = @import("cache.zig");
+pub const ops = @import("ops.zig");
 pub const rope = @import("rope.zig");
+pub const parts = struct {
+    pub const gqa = @import("parts/gqa.zig");
+    pub const mla = @import("parts/mla.zig");
+    pub const dsa = @import("parts/dsa.zig");
+    pub const mlp = @import("parts/mlp.zig");
+    pub const moe = @import("parts/moe.zig");
+    pub const router = @import("parts/router.zig");
+};
 pub const forward_cpu = @import("forward_cpu.zig");
 pub const cuda_exl3 = @import("cuda_exl3.zig");
 pub const shard = @import("shard.zig");
@@ -13,10 +27,19 @@ pub const synthetic = @import("synthetic.zig");
 
 test {
     _ = config;
+    _ = @import("config_fields.zig");
     _ = linear;
+    _ = loader;
     _ = weights;
-    _ = router;
+    _ = cache;
+    _ = ops;
     _ = rope;
+    _ = parts.gqa;
+    _ = parts.mla;
+    _ = parts.dsa;
+    _ = parts.mlp;
+    _ = parts.moe;
+    _ = parts.router;
     _ = forward_cpu;
     _ = cuda_exl3;
     _ = shard;

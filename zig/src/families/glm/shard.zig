@@ -1,5 +1,8 @@
-//! The tensor-parallel plan for class A (GLM.md §6.1, EXL3.md §13), as one rank's `Weights`:
-//! - q/k/v split by heads and KV heads (column-parallel), o_proj by the same heads (row-parallel);
+//! The tensor-parallel plan (GLM.md §6, EXL3.md §13), as one rank's `Weights`:
+//! - GQA: q/k/v split by heads and KV heads (column-parallel), o_proj by the same heads (row-parallel);
+//! - MLA: q_a and kv_a (the latents) replicated, so every rank caches the whole latent; q_b (or
+//!   q_proj) and kv_b split by heads, o_proj by the same heads; the DSA indexer replicated, so every
+//!   rank selects the same positions;
 //! - the dense MLP, every routed expert and the shared expert split along their intermediate width
 //!   in 128-channel units (gate/up by columns, down by rows), unevenly when the units are odd
 //!   (GLM-4.5-Air's 1408 = 11 units: 768 + 640);
@@ -14,6 +17,9 @@ const std = @import("std");
 const core = @import("../../core/root.zig");
 const exl3 = @import("../../exl3/root.zig");
 const weights_mod = @import("weights.zig");
+const Mlp = @import("parts/mlp.zig").Mlp;
+const Mla = @import("parts/mla.zig").Mla;
+const dsa = @import("parts/dsa.zig");
 const Linear = @import("linear.zig").Linear;
 const Config = @import("config.zig").Config;
 const Diagnostic = core.Diagnostic;
@@ -30,9 +36,13 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
     }
     const q_range = headRange(c.heads, c.head_dim, world, rank);
     const kv_range = headRange(c.kv_heads, c.head_dim, world, rank);
-    const aligned = q_range.begin % 128 == 0 and q_range.end % 128 == 0 and kv_range.begin % 128 == 0 and kv_range.end % 128 == 0;
-    const attention_exl3 = for (full.blocks) |block| {
-        if (block.q.kind == .exl3 or block.k.kind == .exl3 or block.o.kind == .exl3) break true;
+    const v_range = headRange(c.heads, c.mla.v_dim, world, rank);
+    const aligned = for ([_]Range{ q_range, kv_range, v_range }) |range| {
+        if (range.begin % 128 != 0 or range.end % 128 != 0) break false;
+    } else true;
+    const attention_exl3 = for (full.blocks) |block| switch (block.attention) {
+        .gqa => |*a| if (a.q.kind == .exl3 or a.k.kind == .exl3 or a.o.kind == .exl3) break true,
+        .mla => |*a| if (a.o.kind == .exl3 or a.kv_b.kind == .exl3 or (a.q_b orelse a.q.?).kind == .exl3) break true,
     } else false;
     if (attention_exl3 and !aligned) {
         diag.set("tensor parallelism {d} would cut a 128-channel EXL3 block: {d} heads of {d} dims per rank", .{ world, c.heads / world, c.head_dim });
@@ -59,16 +69,21 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
         target.* = .{
             .input_norm = source.input_norm,
             .post_attention_norm = source.post_attention_norm,
-            .q = try cleanup.keep(try sliceLinear(gpa, &source.q, .columns, q_range, true)),
-            .k = try cleanup.keep(try sliceLinear(gpa, &source.k, .columns, kv_range, true)),
-            .v = try cleanup.keep(try sliceLinear(gpa, &source.v, .columns, kv_range, true)),
-            .o = try cleanup.keep(try sliceLinear(gpa, &source.o, .rows, q_range, first)),
-            .q_norm = source.q_norm,
-            .k_norm = source.k_norm,
+            .attention = switch (source.attention) {
+                .gqa => |*a| .{ .gqa = .{
+                    .q = try cleanup.keep(try sliceLinear(gpa, &a.q, .columns, q_range, true)),
+                    .k = try cleanup.keep(try sliceLinear(gpa, &a.k, .columns, kv_range, true)),
+                    .v = try cleanup.keep(try sliceLinear(gpa, &a.v, .columns, kv_range, true)),
+                    .o = try cleanup.keep(try sliceLinear(gpa, &a.o, .rows, q_range, first)),
+                    .q_norm = a.q_norm,
+                    .k_norm = a.k_norm,
+                } },
+                .mla => |*a| .{ .mla = try shardMla(&cleanup, arena, c, a, world, rank) },
+            },
             .ffn = switch (source.ffn) {
                 .dense => |*mlp| .{ .dense = try shardMlp(&cleanup, mlp, world, rank) },
                 .moe => |*moe| blk: {
-                    const experts = try arena.alloc(weights_mod.Mlp, moe.experts.len);
+                    const experts = try arena.alloc(Mlp, moe.experts.len);
                     for (moe.experts, experts) |*e, *t| t.* = try shardMlp(&cleanup, e, world, rank);
                     break :blk .{ .moe = .{
                         .router = moe.router,
@@ -109,7 +124,37 @@ fn headRange(heads: usize, head_dim: usize, world: usize, rank: usize) Range {
     return .{ .begin = rank * per_rank, .end = (rank + 1) * per_rank };
 }
 
-fn shardMlp(cleanup: *Cleanup, mlp: *const weights_mod.Mlp, world: usize, rank: usize) Error!weights_mod.Mlp {
+/// One rank's MLA: its heads of q_b (or q_proj), kv_b and o_proj; the latent projections and the
+/// indexer whole.
+fn shardMla(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Mla, world: usize, rank: usize) Error!Mla {
+    const m = c.mla;
+    const gpa = cleanup.gpa;
+    const q_range = headRange(c.heads, m.qkDim(), world, rank);
+    const kv_b_range = headRange(c.heads, m.nope_dim + m.v_dim, world, rank);
+    const o_range = headRange(c.heads, m.v_dim, world, rank);
+    const kv_b = try cleanup.keep(try sliceLinear(gpa, &a.kv_b, .columns, kv_b_range, true));
+    const rows = kv_b_range.len() * m.kv_lora_rank;
+    return .{
+        .q_a = if (a.q_a) |*l| try cleanup.keep(try copyLinear(gpa, l)) else null,
+        .q_a_norm = a.q_a_norm,
+        .q_b = if (a.q_b) |*l| try cleanup.keep(try sliceLinear(gpa, l, .columns, q_range, true)) else null,
+        .q = if (a.q) |*l| try cleanup.keep(try sliceLinear(gpa, l, .columns, q_range, true)) else null,
+        .kv_a = try cleanup.keep(try copyLinear(gpa, &a.kv_a)),
+        .kv_a_norm = a.kv_a_norm,
+        .kv_b = kv_b,
+        .kv_b_dense = try arena.dupe(f32, a.kv_b_dense[kv_b_range.begin * m.kv_lora_rank ..][0..rows]),
+        .o = try cleanup.keep(try sliceLinear(gpa, &a.o, .rows, o_range, rank == 0)),
+        .indexer = if (a.indexer) |*ix| .{
+            .wq_b = try cleanup.keep(try copyLinear(gpa, &ix.wq_b)),
+            .wk = try cleanup.keep(try copyLinear(gpa, &ix.wk)),
+            .weights_proj = try cleanup.keep(try copyLinear(gpa, &ix.weights_proj)),
+            .k_norm_weight = ix.k_norm_weight,
+            .k_norm_bias = ix.k_norm_bias,
+        } else null,
+    };
+}
+
+fn shardMlp(cleanup: *Cleanup, mlp: *const Mlp, world: usize, rank: usize) Error!Mlp {
     const range = exl3.slice.unitRange(mlp.gate.out_features, world, rank);
     return .{
         .gate = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.gate, .columns, range, true)),

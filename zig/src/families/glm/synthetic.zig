@@ -1,4 +1,4 @@
-//! A model of any class-A shape with random EXL3 weights, made in memory from a config alone: for
+//! A model of any GLM shape (GQA or MLA, with or without the DSA indexer) with random EXL3 weights, made in memory from a config alone: for
 //! kernel and step benchmarks at full size without writing or reading checkpoint files. Like the
 //! file synthesizer (python/trellisforge/synthesize.py): uniform random trellis words (they decode
 //! to the codebook's distribution), random signs with scales that keep activations O(1), norms near
@@ -9,6 +9,8 @@ const exl3 = @import("../../exl3/root.zig");
 const weights_mod = @import("weights.zig");
 const Linear = @import("linear.zig").Linear;
 const Config = @import("config.zig").Config;
+const Mlp = @import("parts/mlp.zig").Mlp;
+const Mla = @import("parts/mla.zig").Mla;
 
 pub const Error = error{OutOfMemory};
 
@@ -37,19 +39,24 @@ pub fn generate(gpa: std.mem.Allocator, c: Config, bits: u4, head_bits: u4, seed
         block.* = .{
             .input_norm = try maker.values(h, 1.0, 0.05),
             .post_attention_norm = try maker.values(h, 1.0, 0.05),
-            .q = try maker.linear(h, c.heads * c.head_dim, bits, c.attention_bias),
-            .k = try maker.linear(h, c.kv_heads * c.head_dim, bits, c.attention_bias),
-            .v = try maker.linear(h, c.kv_heads * c.head_dim, bits, c.attention_bias),
-            .o = try maker.linear(c.heads * c.head_dim, h, bits, false),
-            .q_norm = if (c.qk_norm) try maker.values(c.head_dim, 1.0, 0.05) else null,
-            .k_norm = if (c.qk_norm) try maker.values(c.head_dim, 1.0, 0.05) else null,
+            .attention = switch (c.plan[layer].attention) {
+                .gqa => .{ .gqa = .{
+                    .q = try maker.linear(h, c.heads * c.head_dim, bits, c.attention_bias),
+                    .k = try maker.linear(h, c.kv_heads * c.head_dim, bits, c.attention_bias),
+                    .v = try maker.linear(h, c.kv_heads * c.head_dim, bits, c.attention_bias),
+                    .o = try maker.linear(c.heads * c.head_dim, h, bits, false),
+                    .q_norm = if (c.qk_norm) try maker.values(c.head_dim, 1.0, 0.05) else null,
+                    .k_norm = if (c.qk_norm) try maker.values(c.head_dim, 1.0, 0.05) else null,
+                } },
+                .mla => .{ .mla = try maker.mla(&c, layer, bits) },
+            },
             .ffn = undefined,
         };
         if (c.isDense(layer)) {
             block.ffn = .{ .dense = try maker.mlp(h, c.intermediate_size, bits) };
             continue;
         }
-        const experts = try arena.alloc(weights_mod.Mlp, c.routed_experts);
+        const experts = try arena.alloc(Mlp, c.routed_experts);
         for (experts) |*e| e.* = try maker.mlp(h, c.moe_intermediate_size, bits);
         block.ffn = .{ .moe = .{
             .router = try maker.values(c.routed_experts * h, 0, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
@@ -76,7 +83,44 @@ const Maker = struct {
         return out;
     }
 
-    fn mlp(m: Maker, hidden: usize, intermediate: usize, bits: u4) Error!weights_mod.Mlp {
+    /// MLA as converters store it: every projection EXL3 but kv_b_proj, kept unquantized (the
+    /// peer's converter writes it fp16), and for a full DSA layer the indexer's wq_b EXL3, its
+    /// small wk and weights_proj unquantized.
+    fn mla(m: Maker, c: *const Config, layer: usize, bits: u4) Error!Mla {
+        const a = c.mla;
+        const h = c.hidden_size;
+        const kv_b = try m.dense(a.kv_lora_rank, c.heads * (a.nope_dim + a.v_dim), 1.0 / @sqrt(@as(f32, @floatFromInt(a.kv_lora_rank))));
+        return .{
+            .q_a = if (a.q_lora_rank > 0) try m.linear(h, a.q_lora_rank, bits, a.bias) else null,
+            .q_a_norm = if (a.q_lora_rank > 0) try m.values(a.q_lora_rank, 1.0, 0.05) else &.{},
+            .q_b = if (a.q_lora_rank > 0) try m.linear(a.q_lora_rank, c.heads * a.qkDim(), bits, false) else null,
+            .q = if (a.q_lora_rank == 0) try m.linear(h, c.heads * a.qkDim(), bits, false) else null,
+            .kv_a = try m.linear(h, a.cacheWidth(), bits, a.bias),
+            .kv_a_norm = try m.values(a.kv_lora_rank, 1.0, 0.05),
+            .kv_b = kv_b,
+            .kv_b_dense = kv_b.kind.dense.weight,
+            .o = try m.linear(c.heads * a.v_dim, h, bits, a.bias),
+            .indexer = if (c.plan[layer].indexer != .full) null else .{
+                .wq_b = try m.linear(a.q_lora_rank, c.indexer.heads * c.indexer.head_dim, bits, false),
+                .wk = try m.dense(h, c.indexer.head_dim, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+                .weights_proj = try m.dense(h, c.indexer.heads, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+                .k_norm_weight = try m.values(c.indexer.head_dim, 1.0, 0.05),
+                .k_norm_bias = try m.values(c.indexer.head_dim, 0.0, 0.05),
+            },
+        };
+    }
+
+    /// An unquantized (out, in) f32 layer with Gaussian weights of standard deviation `scale`.
+    fn dense(m: Maker, in_features: usize, out_features: usize, scale: f32) Error!Linear {
+        try m.made.ensureUnusedCapacity(m.gpa, 1);
+        const weight = try m.gpa.alloc(f32, in_features * out_features);
+        for (weight) |*w| w.* = scale * m.random.floatNorm(f32);
+        const result: Linear = .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = weight, .bias = null } } };
+        m.made.appendAssumeCapacity(result);
+        return result;
+    }
+
+    fn mlp(m: Maker, hidden: usize, intermediate: usize, bits: u4) Error!Mlp {
         return .{
             .gate = try m.linear(hidden, intermediate, bits, false),
             .up = try m.linear(hidden, intermediate, bits, false),

@@ -2,9 +2,9 @@
 //! selection on s + e_score_correction_bias (group-limited when n_group > 1), weights from the
 //! unbiased s, normalised when norm_topk_prob, times routed_scaling_factor.
 const std = @import("std");
-const Config = @import("config.zig").Config;
-const config_mod = @import("config.zig");
-const dot = @import("linear.zig").dot;
+const Config = @import("../config.zig").Config;
+const config_mod = @import("../config.zig");
+const dot = @import("../linear.zig").dot;
 
 pub const Route = struct {
     count: u8,

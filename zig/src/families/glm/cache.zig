@@ -1,0 +1,36 @@
+//! The model's KV cache on the host, as its parts describe it: GQA layers' keys and values
+//! (parts/gqa.zig), MLA layers' latents (parts/mla.zig), DSA indexers' keys (parts/dsa.zig). Every
+//! part indexes its storage by the same page ids, which the engine's page pool hands out
+//! (engine/kv_pages.zig): one page table per sequence serves all parts.
+const std = @import("std");
+const Config = @import("config.zig").Config;
+const gqa = @import("parts/gqa.zig");
+const mla = @import("parts/mla.zig");
+const dsa = @import("parts/dsa.zig");
+
+pub const HostCache = struct {
+    gqa: ?gqa.Cache,
+    mla: ?mla.Cache,
+    index: ?dsa.Cache,
+
+    pub fn init(gpa: std.mem.Allocator, c: *const Config, pages: usize, page_tokens: usize) error{OutOfMemory}!HostCache {
+        var cache: HostCache = .{ .gqa = null, .mla = null, .index = null };
+        errdefer cache.deinit(gpa);
+        if (c.countOf("attention", .gqa) > 0) cache.gqa = try gqa.Cache.init(gpa, c, pages, page_tokens);
+        if (c.countOf("attention", .mla) > 0) cache.mla = try mla.Cache.init(gpa, c, pages, page_tokens);
+        if (c.countOf("indexer", .full) > 0) cache.index = try dsa.Cache.init(gpa, c, pages, page_tokens);
+        return cache;
+    }
+
+    pub fn deinit(cache: *HostCache, gpa: std.mem.Allocator) void {
+        if (cache.gqa) |*part| part.deinit(gpa);
+        if (cache.mla) |*part| part.deinit(gpa);
+        if (cache.index) |*part| part.deinit(gpa);
+        cache.* = .{ .gqa = null, .mla = null, .index = null };
+    }
+};
+
+/// f32 values one position of one sequence occupies across every layer and part.
+pub fn floatsPerToken(c: *const Config) usize {
+    return gqa.Cache.floatsPerToken(c) + mla.Cache.floatsPerToken(c) + dsa.Cache.floatsPerToken(c);
+}

@@ -1,0 +1,263 @@
+//! Multi-head latent attention, classes B and C (GLM.md §3.5, transformers' Glm4MoeLiteAttention):
+//! q = q_b(RMSNorm(q_a(x))) (or q_proj(x)), per head [nope | rope]; [latent | k_rope] =
+//! kv_a_proj_with_mqa(x), the latent RMS-normed, k_rope rotated; kv_b_proj expands a latent into each
+//! head's [k_nope | v]. The cache keeps [latent | rotated k_rope] only (kv_lora_rank + rope floats
+//! per position, shared by every head).
+//!
+//! The CPU computes the absorbed form for every row: per head, q_lat = q_nope·W_UK (W_UK: the
+//! head's k_nope rows of kv_b_proj), score_t = (q_lat·latent_t + q_rope·k_rope_t)·scale, the
+//! softmax-weighted sum of latents, then W_UV (the head's v rows) maps it to the head's output.
+//! It equals transformers' expanded form up to f32 rounding (a test compares them through the
+//! fixtures' reference logits). With a DSA indexer (dsa.zig) a row attends to its selection only.
+const std = @import("std");
+const core = @import("../../../core/root.zig");
+const exl3 = @import("../../../exl3/root.zig");
+const loader_mod = @import("../loader.zig");
+const config_mod = @import("../config.zig");
+const Linear = @import("../linear.zig").Linear;
+const Batch = @import("../batch.zig").Batch;
+const dsa = @import("dsa.zig");
+const rope = @import("../rope.zig");
+const ops = @import("../ops.zig");
+const dot = @import("../linear.zig").dot;
+const Config = config_mod.Config;
+
+pub const Mla = struct {
+    /// q_lora_rank > 0: q_a, its norm and q_b; else q.
+    q_a: ?Linear,
+    q_a_norm: []f32,
+    q_b: ?Linear,
+    q: ?Linear,
+    kv_a: Linear,
+    kv_a_norm: []f32,
+    kv_b: Linear,
+    /// kv_b_proj as (heads·(nope + v), kv_lora_rank) f32 (dequantized once when EXL3): the absorbed
+    /// attention reads each head's k_nope and v blocks from it.
+    kv_b_dense: []f32,
+    o: Linear,
+    indexer: ?dsa.Indexer,
+
+    pub fn load(loader: *loader_mod.Loader, prefix: []const u8, layer: usize) loader_mod.Error!Mla {
+        const c = loader.config;
+        const m = c.mla;
+        var buffer: [256]u8 = undefined;
+        const name = loader_mod.join;
+        const bias: loader_mod.Bias = if (m.bias) .required else .none;
+        var result: Mla = undefined;
+        if (m.q_lora_rank > 0) {
+            result.q_a = try loader.linear(name(&buffer, prefix, "q_a_proj"), c.hidden_size, m.q_lora_rank, bias);
+            result.q_a_norm = try loader.vector(name(&buffer, prefix, "q_a_layernorm.weight"), m.q_lora_rank);
+            result.q_b = try loader.linear(name(&buffer, prefix, "q_b_proj"), m.q_lora_rank, c.heads * m.qkDim(), .none);
+            result.q = null;
+        } else {
+            result.q_a = null;
+            result.q_a_norm = &.{};
+            result.q_b = null;
+            result.q = try loader.linear(name(&buffer, prefix, "q_proj"), c.hidden_size, c.heads * m.qkDim(), .none);
+        }
+        result.kv_a = try loader.linear(name(&buffer, prefix, "kv_a_proj_with_mqa"), c.hidden_size, m.cacheWidth(), bias);
+        result.kv_a_norm = try loader.vector(name(&buffer, prefix, "kv_a_layernorm.weight"), m.kv_lora_rank);
+        result.kv_b = try loader.linear(name(&buffer, prefix, "kv_b_proj"), m.kv_lora_rank, c.heads * (m.nope_dim + m.v_dim), .none);
+        result.kv_b_dense = try denseRows(loader, &result.kv_b);
+        result.o = try loader.linear(name(&buffer, prefix, "o_proj"), c.heads * m.v_dim, c.hidden_size, bias);
+        result.indexer = switch (c.plan[layer].indexer) {
+            .full => try dsa.Indexer.load(loader, name(&buffer, prefix, "indexer")),
+            .none, .shared => null,
+        };
+        return result;
+    }
+
+    pub fn deinit(mla: *Mla, gpa: std.mem.Allocator) void {
+        for ([_]*?Linear{ &mla.q_a, &mla.q_b, &mla.q }) |linear| if (linear.*) |*l| l.deinit(gpa);
+        mla.kv_a.deinit(gpa);
+        mla.kv_b.deinit(gpa);
+        mla.o.deinit(gpa);
+        if (mla.indexer) |*indexer| indexer.deinit(gpa);
+    }
+
+    pub fn scratchLength(mla: *const Mla, rows: usize) usize {
+        var length = @max(mla.kv_a.scratchLength(rows), mla.kv_b.scratchLength(rows), mla.o.scratchLength(rows));
+        for ([_]?Linear{ mla.q_a, mla.q_b, mla.q }) |linear| if (linear) |l| {
+            length = @max(length, l.scratchLength(rows));
+        };
+        if (mla.indexer) |*indexer| length = @max(length, indexer.scratchLength(rows));
+        return length;
+    }
+
+    /// out = o_proj(attention(x)) for the batch's rows, their latents written into `cache` at
+    /// `layer` (its index among MLA layers) first. `index_layer`: its index among full indexers.
+    pub fn forward(mla: *const Mla, c: *const Config, plan: config_mod.LayerPlan, at: Layers, caches: Caches, batch: Batch, x: []const f32, out: []f32, scratch: *Scratch, linear_scratch: []f32) void {
+        const m = c.mla;
+        const rows = batch.rows();
+        const q = scratch.q[0 .. rows * c.heads * m.qkDim()];
+        const kv = scratch.kv[0 .. rows * m.cacheWidth()];
+        var q_latent: []const f32 = &.{};
+        if (mla.q) |*q_proj| {
+            q_proj.forward(rows, x, q, linear_scratch);
+        } else {
+            const latent = scratch.q_latent[0 .. rows * m.q_lora_rank];
+            mla.q_a.?.forward(rows, x, latent, linear_scratch);
+            ops.rmsNormRows(latent, mla.q_a_norm, m.latent_eps, latent);
+            mla.q_b.?.forward(rows, latent, q, linear_scratch);
+            q_latent = latent;
+        }
+        mla.kv_a.forward(rows, x, kv, linear_scratch);
+        const cache = caches.mla;
+        for (0..rows) |r| {
+            const cos_sin = scratch.cos_sin[r * m.rope_dim ..][0..m.rope_dim];
+            for (0..c.heads) |h| rope.apply(c.rope.style, q[(r * c.heads + h) * m.qkDim() + m.nope_dim ..][0..m.rope_dim], cos_sin);
+            const row = kv[r * m.cacheWidth() ..][0..m.cacheWidth()];
+            ops.rmsNorm(row[0..m.kv_lora_rank], mla.kv_a_norm, m.latent_eps, row[0..m.kv_lora_rank]);
+            rope.apply(c.rope.style, row[m.kv_lora_rank..], cos_sin);
+            const position = batch.positions[r];
+            const slot = cache.offset(batch.page_tables[r][position / cache.page_tokens], at.mla, position % cache.page_tokens);
+            @memcpy(cache.latent[slot..][0..m.cacheWidth()], row);
+        }
+        switch (plan.indexer) {
+            .full => mla.indexer.?.select(c, at.index, caches.index.?, batch, x, q_latent, scratch.dsa.?, linear_scratch),
+            .shared, .none => {},
+        }
+        const job: Job = .{ .config = c, .mla = mla, .layer = at.mla, .cache = cache, .batch = batch, .scratch = scratch, .sparse = plan.indexer != .none };
+        core.parallel.forRange(rows * c.heads, 1, &job, Job.run);
+        mla.o.forward(rows, scratch.attention[0 .. rows * c.heads * m.v_dim], out, linear_scratch);
+    }
+};
+
+/// The layer's index in each part's cache.
+pub const Layers = struct { mla: usize, index: usize };
+pub const Caches = struct { mla: *Cache, index: ?*dsa.Cache };
+
+/// kv_b_proj's weight as (out_features, in_features) f32.
+fn denseRows(loader: *loader_mod.Loader, kv_b: *const Linear) loader_mod.Error![]f32 {
+    const out = try loader.arena.alloc(f32, kv_b.out_features * kv_b.in_features);
+    switch (kv_b.kind) {
+        .dense => |dense| @memcpy(out, dense.weight),
+        .exl3 => |*layer| {
+            const full = try loader.gpa.alloc(f32, layer.rows * layer.columns + kv_b.in_features * kv_b.out_features);
+            defer loader.gpa.free(full);
+            const columns = full[layer.rows * layer.columns ..]; // (in, out): y = x @ W
+            exl3.linear_cpu.dequantize(layer, kv_b.in_features, kv_b.out_features, full[0 .. layer.rows * layer.columns], columns);
+            for (0..kv_b.out_features) |o| {
+                for (0..kv_b.in_features) |i| out[o * kv_b.in_features + i] = columns[i * kv_b.out_features + o];
+            }
+        },
+    }
+    return out;
+}
+
+const Job = struct {
+    config: *const Config,
+    mla: *const Mla,
+    layer: usize,
+    cache: *const Cache,
+    batch: Batch,
+    scratch: *Scratch,
+    sparse: bool,
+
+    /// Items are (row, head) pairs: the absorbed attention over the row's own sequence (or its
+    /// DSA selection), in f32, summed in position order.
+    fn run(job: *const Job, worker: usize, begin: usize, end: usize) void {
+        const c = job.config;
+        const m = c.mla;
+        const s = job.scratch;
+        const cache = job.cache;
+        const width = m.cacheWidth();
+        const block = m.nope_dim + m.v_dim;
+        const scores = s.scores[worker * s.context_max ..][0..s.context_max];
+        const q_lat = s.absorbed[worker * 2 * m.kv_lora_rank ..][0..m.kv_lora_rank];
+        const lat_out = s.absorbed[(worker * 2 + 1) * m.kv_lora_rank ..][0..m.kv_lora_rank];
+        for (begin..end) |item| {
+            const r = item / c.heads;
+            const h = item % c.heads;
+            const query = s.q[(r * c.heads + h) * m.qkDim() ..][0..m.qkDim()];
+            const w_head = job.mla.kv_b_dense[h * block * m.kv_lora_rank ..][0 .. block * m.kv_lora_rank];
+            // q_lat = W_UKᵀ · q_nope, summed over the nope dims in order.
+            @memset(q_lat, 0);
+            for (0..m.nope_dim) |i| {
+                const weight_row = w_head[i * m.kv_lora_rank ..][0..m.kv_lora_rank];
+                for (q_lat, weight_row) |*l, w| l.* += query[i] * w;
+            }
+            const length = job.batch.positions[r] + 1;
+            const positions: []const u32 = if (job.sparse) s.dsa.?.positions(c.indexer.topk, r) else &.{};
+            const count = if (job.sparse) positions.len else length;
+            const table = job.batch.page_tables[r];
+            var max_score: f32 = -std.math.inf(f32);
+            for (0..count) |i| {
+                const t = if (job.sparse) positions[i] else i;
+                const row = cache.latent[cache.offset(table[t / cache.page_tokens], job.layer, t % cache.page_tokens)..][0..width];
+                scores[i] = (dot(q_lat, row[0..m.kv_lora_rank]) + dot(query[m.nope_dim..], row[m.kv_lora_rank..])) * c.attention_scale;
+                max_score = @max(max_score, scores[i]);
+            }
+            var total: f32 = 0;
+            for (scores[0..count]) |*score| {
+                score.* = @exp(score.* - max_score);
+                total += score.*;
+            }
+            @memset(lat_out, 0);
+            for (0..count) |i| {
+                const t = if (job.sparse) positions[i] else i;
+                const row = cache.latent[cache.offset(table[t / cache.page_tokens], job.layer, t % cache.page_tokens)..][0..m.kv_lora_rank];
+                const p = scores[i] / total;
+                for (lat_out, row) |*o, value| o.* += p * value;
+            }
+            const out = s.attention[(r * c.heads + h) * m.v_dim ..][0..m.v_dim];
+            for (out, 0..) |*o, j| o.* = dot(w_head[(m.nope_dim + j) * m.kv_lora_rank ..][0..m.kv_lora_rank], lat_out);
+        }
+    }
+};
+
+/// MLA layers' latents on the host: (pages, layers, page_tokens, kv_lora_rank + rope).
+pub const Cache = struct {
+    layers: usize,
+    width: usize,
+    page_tokens: usize,
+    pages: usize,
+    latent: []f32,
+
+    pub fn floatsPerToken(c: *const Config) usize {
+        return c.countOf("attention", .mla) * c.mla.cacheWidth();
+    }
+
+    pub fn init(gpa: std.mem.Allocator, c: *const Config, pages: usize, page_tokens: usize) error{OutOfMemory}!Cache {
+        const layers = c.countOf("attention", .mla);
+        const width = c.mla.cacheWidth();
+        return .{ .layers = layers, .width = width, .page_tokens = page_tokens, .pages = pages, .latent = try gpa.alloc(f32, pages * layers * page_tokens * width) };
+    }
+
+    pub fn deinit(cache: *Cache, gpa: std.mem.Allocator) void {
+        gpa.free(cache.latent);
+    }
+
+    pub fn offset(cache: *const Cache, page: u32, layer: usize, slot: usize) usize {
+        std.debug.assert(page < cache.pages and layer < cache.layers and slot < cache.page_tokens);
+        return ((@as(usize, page) * cache.layers + layer) * cache.page_tokens + slot) * cache.width;
+    }
+};
+
+pub const Scratch = struct {
+    context_max: usize,
+    q_latent: []f32, // (rows, q_lora_rank)
+    q: []f32, // (rows, heads·qk_dim)
+    kv: []f32, // (rows, kv_lora_rank + rope)
+    attention: []f32, // (rows, heads·v_dim)
+    scores: []f32, // (threads, context_max)
+    absorbed: []f32, // (threads, 2·kv_lora_rank): q_lat and the weighted latent
+    cos_sin: []const f32,
+    dsa: ?*dsa.Scratch,
+
+    pub fn init(arena: std.mem.Allocator, c: *const Config, rows_max: usize, context_max: usize, cos_sin: []const f32, indexer: ?*dsa.Scratch) error{OutOfMemory}!Scratch {
+        const m = c.mla;
+        const threads = core.parallel.threadCount();
+        return .{
+            .context_max = context_max,
+            .q_latent = try arena.alloc(f32, rows_max * m.q_lora_rank),
+            .q = try arena.alloc(f32, rows_max * c.heads * m.qkDim()),
+            .kv = try arena.alloc(f32, rows_max * m.cacheWidth()),
+            .attention = try arena.alloc(f32, rows_max * c.heads * m.v_dim),
+            .scores = try arena.alloc(f32, threads * context_max),
+            .absorbed = try arena.alloc(f32, threads * 2 * m.kv_lora_rank),
+            .cos_sin = cos_sin,
+            .dsa = indexer,
+        };
+    }
+};
