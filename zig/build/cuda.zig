@@ -20,6 +20,8 @@ pub const kernels = [_]Kernel{
     .{ .name = "exl3_encode" },
     .{ .name = "bench" },
     .{ .name = "sample" },
+    .{ .name = "mla" },
+    .{ .name = "dsa" },
 };
 
 /// Every arch the kernels must build for and the contract registry covers.

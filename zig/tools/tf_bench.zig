@@ -141,7 +141,7 @@ const Layer = struct {
     shared_pair: Ptr, // Exl3Layer[2 * shared_copies]
     shared_down: Ptr, // Exl3Layer[shared_copies]
     /// Per shared copy, the tables of the engine's merged layout: [gate x E, shared gate, up x E,
-    /// shared up, down x E, shared down] (cuda_exl3.zig mergedShared).
+    /// shared up, down x E, shared down] (parts/moe_cuda.zig mergedShared).
     merged: Ptr,
     projection_bytes: usize,
 
@@ -383,7 +383,7 @@ const Layer = struct {
         };
     }
 
-    /// One call's launches: the MoE block of the engine minus the router (cuda_exl3.zig runMoe).
+    /// One call's launches: the MoE block of the engine minus the router (parts/moe_cuda.zig runMoe).
     /// Rows go in chunks of at most 2048 (a launch's items are its grid's z extent).
     fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize, fused: ?*const P.Module) !void {
         const f = @sizeOf(f32);

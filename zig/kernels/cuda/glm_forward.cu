@@ -702,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ exp
         }
         for (int g = 0; g < groups; ++g)
             if (!(keep & (1ull << g)))
-                for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = 0.f;
+                for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = -INFINITY;  // transformers' mask
     }
     __syncthreads();
     // Top-k, one slot at a time: every thread scans its experts, then the block keeps the highest

@@ -9,6 +9,8 @@ pub const exl3_experts: []const u8 = &kernel_images.exl3_experts;
 pub const exl3_encode: []const u8 = &kernel_images.exl3_encode;
 pub const bench: []const u8 = &kernel_images.bench;
 pub const sample: []const u8 = &kernel_images.sample;
+pub const mla: []const u8 = &kernel_images.mla;
+pub const dsa: []const u8 = &kernel_images.dsa;
 
 test "images are embedded exactly when nvcc built them" {
     const std = @import("std");

@@ -8,6 +8,8 @@ pub const exl3_decode = @import("exl3_decode.zig");
 pub const glm_kernels = @import("glm_kernels.zig");
 pub const exl3_prompt = @import("exl3_prompt.zig");
 pub const sampling = @import("sampling.zig");
+pub const mla_kernels = @import("mla_kernels.zig");
+pub const dsa_kernels = @import("dsa_kernels.zig");
 pub const exl3_encode = @import("exl3_encode.zig");
 pub const bench_kernels = @import("bench_kernels.zig");
 
@@ -18,4 +20,6 @@ test {
     _ = exl3_decode;
     _ = exl3_prompt;
     _ = glm_kernels;
+    _ = mla_kernels;
+    _ = dsa_kernels;
 }

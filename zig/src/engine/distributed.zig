@@ -11,7 +11,7 @@ const tcp = @import("../dist/tcp.zig");
 const nccl_mod = @import("../dist/nccl.zig");
 const Diagnostic = core.Diagnostic;
 
-pub const Error = glm.shard.Error || tcp.Error || glm.cuda_exl3.Error || nccl_mod.Error;
+pub const Error = glm.shard.Error || tcp.Error || glm.cuda_model.Error || nccl_mod.Error;
 
 pub const Collective = enum(u32) {
     /// The all-reduce through rank 0 over the plan's sockets; on GPUs the partials are staged
@@ -61,7 +61,7 @@ pub const Rank = struct {
     /// The host KV cache of a CPU rank (a GPU rank's lives in its GpuModel).
     cache: ?glm.cache.HostCache,
     scratch: glm.forward_cpu.Scratch,
-    gpu: ?*glm.cuda_exl3.GpuModel,
+    gpu: ?*glm.cuda_model.GpuModel,
     nccl: ?nccl_mod.Nccl,
     comm: nccl_mod.Comm,
     peers: [ranks_max]tcp.Connection, // rank 0: peers[r - 1] is rank r
@@ -137,7 +137,7 @@ pub const Rank = struct {
         self.prompt = try gpa.alloc(bool, shape.rows_max);
         errdefer gpa.free(self.prompt);
         if (on_gpu) {
-            self.gpu = try glm.cuda_exl3.GpuModel.init(gpa, &self.weights, .{
+            self.gpu = try glm.cuda_model.GpuModel.init(gpa, &self.weights, .{
                 .device = gpuOrdinal(rank),
                 .rows_max = shape.rows_max,
                 .logits_rows_max = shape.logits_rows_max,
@@ -253,7 +253,7 @@ pub const Rank = struct {
     }
 
     /// The GPU all-reduce: NCCL on the device, or the TCP one staged through host memory.
-    fn reduceGpu(opaque_context: *anyopaque, model: *glm.cuda_exl3.GpuModel, buffer: u64, count: usize, diag: *Diagnostic) anyerror!void {
+    fn reduceGpu(opaque_context: *anyopaque, model: *glm.cuda_model.GpuModel, buffer: u64, count: usize, diag: *Diagnostic) anyerror!void {
         const context: *ReduceContext = @ptrCast(@alignCast(opaque_context));
         const self = context.self;
         if (self.comm != null) {

@@ -19,7 +19,7 @@ pub const Master = struct { host: []const u8, port: u16 };
 const Diagnostic = core.Diagnostic;
 
 pub const Error = error{ InvalidArgument, NotFound, OutOfMemory, UnsupportedModel, InvalidConfig, NoConfig } ||
-    core.checkpoint.Error || glm.weights.Error || glm.cuda_exl3.Error || distributed.Error;
+    core.checkpoint.Error || glm.weights.Error || glm.cuda_model.Error || distributed.Error;
 
 pub const Backend = enum(i32) { cpu = 0, cuda = 1 };
 
@@ -119,7 +119,7 @@ pub const Engine = struct {
     gpu_sampled: u64,
     logits_rows_max: usize,
     plan_arena: std.heap.ArenaAllocator,
-    gpu_model: ?*glm.cuda_exl3.GpuModel,
+    gpu_model: ?*glm.cuda_model.GpuModel,
     tensor_parallel: ?*TensorParallel,
     distributed_rank: ?*distributed.Rank,
 
@@ -189,7 +189,7 @@ pub const Engine = struct {
         errdefer engine.plan_arena.deinit();
         engine.gpu_model = null;
         if (p.backend == @backingInt(Backend.cuda) and master == null) {
-            engine.gpu_model = try glm.cuda_exl3.GpuModel.init(gpa, &engine.weights, .{
+            engine.gpu_model = try glm.cuda_model.GpuModel.init(gpa, &engine.weights, .{
                 .rows_max = p.rows_max,
                 .logits_rows_max = engine.logits_rows_max,
                 .context_max = p.context_tokens_max,

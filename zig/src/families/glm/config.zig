@@ -167,6 +167,10 @@ pub const Config = struct {
                 return error.InvalidConfig;
             }
         }
+        if (c.groups > 1 and c.groups_per_token * (c.routed_experts / c.groups) < c.experts_per_token) {
+            diag.set("config.json: topk_group {d} groups of {d} experts hold fewer than num_experts_per_tok {d}", .{ c.groups_per_token, c.routed_experts / c.groups, c.experts_per_token });
+            return error.InvalidConfig;
+        }
         if (c.groups > 1 and c.routed_experts / c.groups < 2) {
             diag.set("config.json: group-limited routing needs at least 2 experts per group (n_group {d})", .{c.groups});
             return error.InvalidConfig;
@@ -256,13 +260,11 @@ fn mlaFields(f: Fields, c: *Config) Error!void {
 fn layerPlan(f: Fields, c: *Config) Error!void {
     if (c.layers == 0 or c.layers > layers_max) return f.wrong("num_hidden_layers", "1..512");
     var names: [layers_max]u8 = undefined;
-    const dense_default: usize = switch (c.class) {
-        .glm4_moe => 1,
-        .glm4_moe_lite => 1,
-        .glm_moe_dsa => 3,
-    };
+    const dense_default: usize = if (c.class == .glm_moe_dsa) 3 else 1;
     const mlp_types = try f.layerList("mlp_layer_types", c.layers, &.{ "dense", "sparse" }, &names);
-    const first_dense = try f.size("first_k_dense_replace", dense_default);
+    // GLM-4.7-Flash's transformers config ignores first_k_dense_replace: only layer 0 is dense
+    // unless mlp_layer_types says otherwise.
+    const first_dense = if (c.class == .glm4_moe_lite) 1 else try f.size("first_k_dense_replace", dense_default);
     if (mlp_types == null and first_dense > c.layers) return f.wrong("first_k_dense_replace", "at most num_hidden_layers");
     for (c.plan[0..c.layers], 0..) |*p, layer| {
         const dense = if (mlp_types) |t| t[layer] == 0 else layer < first_dense;
@@ -270,6 +272,8 @@ fn layerPlan(f: Fields, c: *Config) Error!void {
     }
     if (c.class != .glm_moe_dsa) return;
     if (try f.layerList("indexer_types", c.layers, &.{ "full", "shared" }, &names)) |kinds| {
+        for (c.plan[0..c.layers], kinds) |*p, kind| p.indexer = if (kind == 0) .full else .shared;
+    } else if (try indexerPattern(f, c.layers, &names)) |kinds| {
         for (c.plan[0..c.layers], kinds) |*p, kind| p.indexer = if (kind == 0) .full else .shared;
     } else {
         const freq = @max(try f.size("index_topk_freq", 1), 1);
@@ -280,4 +284,18 @@ fn layerPlan(f: Fields, c: *Config) Error!void {
         f.diag.set("config.json: indexer_types[0] is 'shared', but no earlier layer selects for it", .{});
         return error.InvalidConfig;
     }
+}
+
+/// transformers' `index_topk_pattern`: a string of F (full) and S (shared) per layer, or a list of
+/// "full"/"shared" names.
+fn indexerPattern(f: Fields, layers: usize, out: []u8) Error!?[]u8 {
+    const value = f.map.get("index_topk_pattern") orelse return null;
+    if (value != .string) return try f.layerList("index_topk_pattern", layers, &.{ "full", "shared" }, out);
+    if (value.string.len != layers) return f.wrong("index_topk_pattern", "one F or S per layer");
+    for (value.string, out[0..layers]) |letter, *slot| slot.* = switch (letter) {
+        'F' => 0,
+        'S' => 1,
+        else => return f.wrong("index_topk_pattern", "one F or S per layer"),
+    };
+    return out[0..layers];
 }

@@ -21,7 +21,7 @@ pub const parts = struct {
     pub const router = @import("parts/router.zig");
 };
 pub const forward_cpu = @import("forward_cpu.zig");
-pub const cuda_exl3 = @import("cuda_exl3.zig");
+pub const cuda_model = @import("cuda_model.zig");
 pub const shard = @import("shard.zig");
 pub const synthetic = @import("synthetic.zig");
 
@@ -41,7 +41,14 @@ test {
     _ = parts.moe;
     _ = parts.router;
     _ = forward_cpu;
-    _ = cuda_exl3;
+    _ = cuda_model;
+    _ = @import("cuda_buffers.zig");
+    _ = @import("parts/linear_cuda.zig");
+    _ = @import("parts/gqa_cuda.zig");
+    _ = @import("parts/mlp_cuda.zig");
+    _ = @import("parts/moe_cuda.zig");
+    _ = @import("parts/mla_cuda.zig");
+    _ = @import("parts/dsa_cuda.zig");
     _ = shard;
     _ = synthetic;
 }

@@ -57,8 +57,9 @@ pub fn route(c: Config, gate: []const f32, correction_bias: []const f32, x: []co
     return result;
 }
 
-/// Keeps the topk_group groups whose two best scores sum highest; zeroes the rest (HF masks the
-/// other experts' selection scores to 0).
+/// Keeps the topk_group groups whose two best scores sum highest; the rest's experts leave the
+/// selection (transformers masks their scores to -inf: a kept expert with a negative score still
+/// wins over them, which a mask of 0 would not give).
 fn limitGroups(c: Config, choice: []f32) void {
     const per_group = choice.len / c.groups;
     var group_score: [config_mod.experts_max]f32 = undefined;
@@ -82,6 +83,6 @@ fn limitGroups(c: Config, choice: []f32) void {
         keep[best] = true;
     }
     for (0..c.groups) |g| {
-        if (!keep[g]) @memset(choice[g * per_group ..][0..per_group], 0);
+        if (!keep[g]) @memset(choice[g * per_group ..][0..per_group], -std.math.inf(f32));
     }
 }

@@ -1,0 +1,191 @@
+// The DSA lightning indexer on the GPU (GLM.md §3.6), as zig/src/families/glm/parts/dsa.zig: per
+// query row, I[s] = Σ_h w_h · ReLU(q_h · k_s · head_dim^-0.5) over the earlier positions of its
+// sequence, then the index_topk best positions, ties to the earlier one, written ascending (the
+// order tf_mla_attention sums them in). Rows whose context fits index_topk select everything. The
+// host half is zig/src/cuda/dsa_kernels.zig.
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kIndexHeadDim = 128;  // index_head_dim of every GLM DSA model; the host refuses others
+constexpr int kIndexHeadsMax = 64;
+constexpr int kIndexRope = 64;
+constexpr int kScoreTile = 64;  // positions per block of tf_dsa_scores
+constexpr int kTopkThreads = 1024;
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+    return v;
+}
+
+// Interleaved pairs (2j, 2j + 1) of the first kIndexRope dims, written back de-interleaved.
+__device__ __forceinline__ void rope_interleaved(float* x, const float* cs, int lane) {
+    const int half = kIndexRope / 2;
+    const float a = x[2 * lane], b = x[2 * lane + 1];
+    __syncwarp();
+    x[lane] = a * cs[lane] - b * cs[half + lane];
+    x[half + lane] = b * cs[lane] + a * cs[half + lane];
+    __syncwarp();
+}
+
+// A float's key for a descending order as unsigned integers: larger floats, larger keys.
+__device__ __forceinline__ uint32_t order_key(float v) {
+    const uint32_t bits = __float_as_uint(v == 0.f ? 0.f : v);  // -0 ties with +0
+    return (bits >> 31) ? ~bits : bits | 0x80000000u;
+}
+
+// Exclusive prefix sum of `flag` over the block, and the block's total; `scratch` holds a warp's
+// sums per warp.
+__device__ __forceinline__ int block_scan(int flag, int* scratch, int* total) {
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    int inclusive = flag;
+    for (int offset = 1; offset < kWarp; offset *= 2) {
+        const int other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+        if (lane >= offset) inclusive += other;
+    }
+    if (lane == kWarp - 1) scratch[warp] = inclusive;
+    __syncthreads();
+    int before = 0, sum = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x) / kWarp; ++w) {
+        if (w < warp) before += scratch[w];
+        sum += scratch[w];
+    }
+    __syncthreads();
+    *total = sum;
+    return before + inclusive - flag;
+}
+
+}  // namespace
+
+// Per row: LayerNorm of its key (weight, bias), RoPE on the key's and every head's query's first
+// dims, the key into the layer's cache slot, and the head weights scaled by heads^-0.5. A block
+// per row, warp 0 the key, the other warps the heads.
+extern "C" __global__ void __launch_bounds__(256) tf_dsa_prepare(
+    float* __restrict__ q, float* __restrict__ k, float* __restrict__ weights, float* __restrict__ cache,
+    const float* __restrict__ norm_weight, const float* __restrict__ norm_bias, const float* __restrict__ cos_sin,
+    const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
+    int rows, int heads, float eps, float weight_scale, int layers, int layer, int page_tokens) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const float* cs = cos_sin + static_cast<size_t>(row) * kIndexRope;
+    if (warp == 0) {
+        float* key = k + static_cast<size_t>(row) * kIndexHeadDim;
+        float v[kIndexHeadDim / kWarp];
+        float sum = 0.f;
+        for (int i = 0; i < kIndexHeadDim / kWarp; ++i) sum += v[i] = key[lane + i * kWarp];
+        const float mean = warp_sum(sum) / kIndexHeadDim;
+        float squares = 0.f;
+        for (int i = 0; i < kIndexHeadDim / kWarp; ++i) squares += (v[i] - mean) * (v[i] - mean);
+        const float inverse = 1.0f / sqrtf(warp_sum(squares) / kIndexHeadDim + eps);
+        for (int i = 0; i < kIndexHeadDim / kWarp; ++i) {
+            const int d = lane + i * kWarp;
+            key[d] = (v[i] - mean) * inverse * norm_weight[d] + norm_bias[d];
+        }
+        __syncwarp();
+        rope_interleaved(key, cs, lane);
+        const uint32_t position = positions[row];
+        const uint32_t page = tables[table_offsets[row] + position / page_tokens];
+        float* slot = cache + ((static_cast<size_t>(page) * layers + layer) * page_tokens + position % page_tokens) * kIndexHeadDim;
+        for (int i = lane; i < kIndexHeadDim; i += kWarp) slot[i] = key[i];
+        for (int h = lane; h < heads; h += kWarp) weights[static_cast<size_t>(row) * heads + h] *= weight_scale;
+    }
+    for (int h = warp - 1; warp > 0 && h < heads; h += blockDim.x / kWarp - 1)
+        rope_interleaved(q + (static_cast<size_t>(row) * heads + h) * kIndexHeadDim, cs, lane);
+}
+
+// scores[(row - row_first)·context_max + s] for the row's positions s <= pos, in tiles of 64 per
+// block, for rows whose context exceeds topk (the others select everything). A warp scores a
+// position at a time: lanes over the head dim, the heads in order.
+extern "C" __global__ void __launch_bounds__(256) tf_dsa_scores(
+    const float* __restrict__ q, const float* __restrict__ weights, const float* __restrict__ cache,
+    const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
+    float* __restrict__ scores, int row_first, int rows, int heads, int topk, float score_scale, int context_max,
+    int layers, int layer, int page_tokens) {
+    __shared__ __align__(16) float qs[kIndexHeadsMax][kIndexHeadDim];
+    __shared__ float ws[kIndexHeadsMax];
+    const int row = row_first + blockIdx.x;
+    if (row >= rows) return;
+    const int length = static_cast<int>(positions[row]) + 1;
+    const int t0 = blockIdx.y * kScoreTile;
+    if (length <= topk || t0 >= length) return;
+    for (int i = threadIdx.x; i < heads * kIndexHeadDim; i += blockDim.x)
+        qs[i / kIndexHeadDim][i % kIndexHeadDim] = q[static_cast<size_t>(row) * heads * kIndexHeadDim + i];
+    for (int h = threadIdx.x; h < heads; h += blockDim.x) ws[h] = weights[static_cast<size_t>(row) * heads + h];
+    __syncthreads();
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const uint32_t* table = tables + table_offsets[row];
+    for (int t = t0 + warp; t < min(t0 + kScoreTile, length); t += blockDim.x / kWarp) {
+        const float4 key = *reinterpret_cast<const float4*>(
+            cache + ((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * page_tokens + t % page_tokens) * kIndexHeadDim + 4 * lane);
+        float total = 0.f;
+        for (int h = 0; h < heads; ++h) {
+            const float4 a = *reinterpret_cast<const float4*>(&qs[h][4 * lane]);
+            const float dot = warp_sum(a.x * key.x + a.y * key.y + a.z * key.z + a.w * key.w);
+            total += ws[h] * fmaxf(dot * score_scale, 0.f);
+        }
+        if (lane == 0) scores[static_cast<size_t>(blockIdx.x) * context_max + t] = total;
+    }
+}
+
+// Each row's selection: its topk best positions (ties to the earlier), ascending, into
+// selected[row·topk ..] and their count; a row whose context fits topk takes them all. A block per
+// row: a radix select of the topk-th key (four 8-bit passes), then an ordered compaction.
+extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
+    const float* __restrict__ scores, const uint32_t* __restrict__ positions, uint32_t* __restrict__ selected,
+    uint32_t* __restrict__ counts, int row_first, int rows, int topk, int context_max) {
+    __shared__ int histogram[256];
+    __shared__ int scan[kTopkThreads / kWarp];
+    __shared__ uint32_t chosen_prefix;
+    __shared__ int chosen_left;
+    const int row = row_first + blockIdx.x;
+    if (row >= rows) return;
+    const int length = static_cast<int>(positions[row]) + 1;
+    uint32_t* out = selected + static_cast<size_t>(row) * topk;
+    if (length <= topk) {
+        for (int t = threadIdx.x; t < length; t += blockDim.x) out[t] = t;
+        if (threadIdx.x == 0) counts[row] = length;
+        return;
+    }
+    const float* row_scores = scores + static_cast<size_t>(blockIdx.x) * context_max;
+    // The topk-th largest key, byte by byte from the top; `left`: how many of the keys equal to it
+    // (in their prefix so far) are still to take.
+    uint32_t prefix = 0, mask = 0;
+    int left = topk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
+        __syncthreads();
+        for (int t = threadIdx.x; t < length; t += blockDim.x) {
+            const uint32_t key = order_key(row_scores[t]);
+            if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 0xFF], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int above = 0, bin = 255;
+            for (; bin > 0 && above + histogram[bin] < left; --bin) above += histogram[bin];
+            chosen_prefix = prefix | (static_cast<uint32_t>(bin) << shift);
+            chosen_left = left - above;
+        }
+        __syncthreads();
+        prefix = chosen_prefix;
+        left = chosen_left;
+        mask |= 0xFFu << shift;
+    }
+    // Keys above the threshold all, then the first `left` equal ones, in position order.
+    int taken = 0, equal_seen = 0;
+    for (int base = 0; base < length; base += blockDim.x) {
+        const int t = base + threadIdx.x;
+        const uint32_t key = t < length ? order_key(row_scores[t]) : 0;
+        const bool equal = t < length && key == prefix;
+        int equal_total;
+        const int equal_rank = equal_seen + block_scan(equal ? 1 : 0, scan, &equal_total);
+        const bool take = t < length && (key > prefix || (equal && equal_rank < left));
+        int take_total;
+        const int at = taken + block_scan(take ? 1 : 0, scan, &take_total);
+        if (take) out[at] = t;
+        taken += take_total;
+        equal_seen += equal_total;
+    }
+    if (threadIdx.x == 0) counts[row] = topk;
+}

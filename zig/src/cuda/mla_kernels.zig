@@ -1,0 +1,112 @@
+//! The host half of zig/kernels/cuda/mla.cu: multi-head latent attention's launches, each giving
+//! its grid and why. Every launch goes on the GPU's stream; nothing here synchronizes.
+const std = @import("std");
+const gpu_mod = @import("gpu.zig");
+const kernels = @import("kernels.zig");
+const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
+const Gpu = gpu_mod.Gpu;
+const Ptr = gpu_mod.DevicePtr;
+const Error = gpu_mod.Error;
+
+pub const Module = gpu_mod.Module(&.{ "tf_mla_rope_store", "tf_mla_absorb", "tf_mla_attention", "tf_mla_combine", "tf_mla_v_up" });
+
+/// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
+pub const latent = 512;
+pub const rope = 64;
+/// kMlaSplits, kMlaWarps, kMlaRows in mla.cu.
+pub const splits = 32;
+const warps = 8;
+const rows_per_block = 16;
+/// tf_mla_absorb keeps a block's rows' q_nope in 16 x 256 floats of shared memory.
+pub const nope_max = 256;
+
+pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
+    return Module.load(gpu, kernels.mla, "mla", diag);
+}
+
+/// Where a layer's cache rows are and which rows of the step there are.
+pub const Paged = struct {
+    cache: Ptr,
+    positions: Ptr,
+    tables: Ptr,
+    table_offsets: Ptr,
+    rows: usize,
+    layers: usize,
+    layer: usize,
+    page_tokens: usize,
+};
+
+/// A DSA layer's selection (tf_dsa_topk's output), or none for attention over every position.
+pub const Selection = struct { selected: Ptr = 0, counts: Ptr = 0, topk: usize = 0 };
+
+pub const Parts = struct {
+    acc: Ptr,
+    ml: Ptr,
+
+    /// Floats of the partials of a step of `rows` rows spread over the splits.
+    pub fn floats(rows: usize, heads: usize) struct { acc: usize, ml: usize } {
+        return .{ .acc = rows * heads * splits * latent, .ml = rows * heads * splits * 2 };
+    }
+};
+
+pub const Kernels = struct {
+    gpu: *const Gpu,
+    module: *const Module,
+    diag: *Diagnostic,
+
+    fn run(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, args: anytype) Error!void {
+        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 } }, args, "launch " ++ name, k.diag);
+    }
+
+    fn count(n: usize, per: usize) u32 {
+        return @intCast(std.math.divCeil(usize, @max(n, 1), per) catch unreachable);
+    }
+
+    /// The latent's norm and the rotations, the cache write. A block per row.
+    pub fn ropeStore(k: Kernels, kv: Ptr, q: Ptr, norm: Ptr, cos_sin: Ptr, p: Paged, heads: usize, qk_dim: usize, nope_dim: usize, interleaved: bool, eps: f32) Error!void {
+        var a = .{
+            kv,                                    q,                           p.cache,                        norm,
+            cos_sin,                               p.positions,                 p.tables,                       p.table_offsets,
+            @as(c_int, @intCast(p.rows)),          @as(c_int, @intCast(heads)), @as(c_int, @intCast(qk_dim)),   @as(c_int, @intCast(nope_dim)),
+            @as(c_int, @intFromBool(interleaved)), eps,                         @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)),
+            @as(c_int, @intCast(p.page_tokens)),
+        };
+        var ptrs: [a.len]?*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        try k.run("tf_mla_rope_store", .{ @intCast(p.rows), 1, 1 }, 256, ptrs);
+    }
+
+    /// q_lat = q_nope · W_UK per head: a block per (head, 16 rows), each weight row read once per block.
+    pub fn absorb(k: Kernels, q: Ptr, wuk: Ptr, q_lat: Ptr, rows: usize, heads: usize, qk_dim: usize, nope_dim: usize) Error!void {
+        std.debug.assert(nope_dim <= nope_max);
+        var a = .{ q, wuk, q_lat, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(qk_dim)), @as(c_int, @intCast(nope_dim)) };
+        try k.run("tf_mla_absorb", .{ @intCast(heads), count(rows, rows_per_block), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
+    }
+
+    /// The attention over the latent cache into `out` (rows, heads, latent). With `parts`, a block
+    /// per (row, 8 heads, split) and tf_mla_combine folds the splits (the same bits as a block per
+    /// (row, 8 heads) running them all, which runs without).
+    pub fn attention(k: Kernels, q: Ptr, q_lat: Ptr, out: Ptr, p: Paged, s: Selection, parts: ?Parts, heads: usize, qk_dim: usize, nope_dim: usize, scale: f32) Error!void {
+        const spread = parts orelse Parts{ .acc = 0, .ml = 0 };
+        var a = .{
+            q,                            q_lat,                          p.cache,                       p.positions,
+            p.tables,                     p.table_offsets,                s.selected,                    s.counts,
+            @as(c_int, @intCast(s.topk)), out,                            spread.acc,                    spread.ml,
+            @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(heads)),    @as(c_int, @intCast(qk_dim)),  @as(c_int, @intCast(nope_dim)),
+            scale,                        @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)), @as(c_int, @intCast(p.page_tokens)),
+        };
+        var ptrs: [a.len]?*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        const z: u32 = if (parts != null) splits else 1;
+        try k.run("tf_mla_attention", .{ @intCast(p.rows), count(heads, warps), z }, 32 * warps, ptrs);
+        if (parts == null) return;
+        var c = .{ spread.acc, spread.ml, p.positions, s.counts, out, @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(heads)) };
+        try k.run("tf_mla_combine", .{ count(p.rows * heads, 8), 1, 1 }, 256, .{ &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6] });
+    }
+
+    /// out (rows, heads·v) = the heads' latents through W_UV: a block per (head, 16 rows).
+    pub fn vUp(k: Kernels, lat: Ptr, wuv_t: Ptr, out: Ptr, rows: usize, heads: usize, v_dim: usize) Error!void {
+        var a = .{ lat, wuv_t, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(v_dim)) };
+        try k.run("tf_mla_v_up", .{ @intCast(heads), count(rows, rows_per_block), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
+    }
+};

@@ -1,0 +1,432 @@
+//! The forward on the GPU, composed from the parts' GPU sides (parts/*_cuda.zig) as forward_cpu.zig
+//! composes their CPU forwards: the same steps, on weights uploaded once from the checked host
+//! `Weights`, with the KV cache in device memory. Kernels: glm_forward.cu through
+//! cuda/glm_kernels.zig, the prompt kernels through cuda/exl3_prompt.zig.
+//!
+//! Generated rows take the trellis GEMV; prompt rows take the tensor-core prompt kernels for every
+//! EXL3 linear they can, so a row's numbers never depend on its batch (parts/linear_cuda.zig).
+//! f32 arithmetic, the trellis decoded per item. Forwards of few rows (decode steps) are recorded
+//! once per (rows, logits rows, which paths run) as a CUDA graph and replayed: a GLM-4.5-Air
+//! step is ~1800 launches, whose host cost and gaps a replay removes. A greedy row crosses to the
+//! host as its logits summary, a row sampled with temperature/top-k/top-p/min-p as the token the
+//! GPU drew (cuda/sampling.zig); other rows' logits are copied back for the host sampler.
+const std = @import("std");
+const core = @import("../../core/root.zig");
+const cuda = @import("../../cuda/root.zig");
+const weights_mod = @import("weights.zig");
+const Batch = @import("batch.zig").Batch;
+const Config = @import("config.zig").Config;
+const buffers = @import("cuda_buffers.zig");
+const linear_cuda = @import("parts/linear_cuda.zig");
+const gqa_cuda = @import("parts/gqa_cuda.zig");
+const mlp_cuda = @import("parts/mlp_cuda.zig");
+const moe_cuda = @import("parts/moe_cuda.zig");
+const mla_cuda = @import("parts/mla_cuda.zig");
+const dsa_cuda = @import("parts/dsa_cuda.zig");
+const Diagnostic = core.Diagnostic;
+const Ptr = cuda.gpu.DevicePtr;
+const K = cuda.glm_kernels;
+const P = cuda.exl3_prompt;
+const GpuLinear = linear_cuda.GpuLinear;
+
+pub const Error = cuda.gpu.Error || error{UnsupportedModel};
+
+pub const GpuBlock = struct {
+    input_norm: Ptr,
+    post_attention_norm: Ptr,
+    attention: union(enum) { gqa: gqa_cuda.GpuGqa, mla: mla_cuda.GpuMla },
+    ffn: union(enum) { dense: mlp_cuda.GpuMlp, moe: moe_cuda.GpuMoe },
+};
+
+pub const Limits = struct {
+    /// Which GPU of this machine (tensor-parallel ranks on one host use one each).
+    device: u32 = 0,
+    rows_max: usize,
+    logits_rows_max: usize,
+    context_max: usize,
+    pages: usize,
+    page_tokens: usize,
+    pages_per_sequence: usize,
+    /// Replay recorded forwards of up to `graph_rows_max` rows (TF_CUDA_GRAPHS=0 turns it off).
+    graphs: bool = true,
+};
+
+/// Forwards of at most this many rows are recorded as graphs: decode steps, not prompt chunks,
+/// whose row counts rarely repeat.
+pub const graph_rows_max = 64;
+/// Steps of up to this many rows spread attention over splits (more rows fill the GPU as they are).
+pub const attention_spread_rows_max = 32;
+const graph_slots = 16;
+
+/// A recording is keyed by what changes its launches: rows, logits rows, and which paths run.
+const GraphKey = struct { rows: usize, wanted: usize, prompt: bool, decode: bool, tiles: bool, rest: bool };
+const GraphSlot = struct { key: GraphKey, graph: cuda.gpu.Graph };
+
+pub const GpuModel = struct {
+    gpa: std.mem.Allocator,
+    gpu: cuda.Gpu,
+    module: K.Module,
+    prompt_module: P.Module,
+    sample_module: cuda.sampling.Module,
+    /// The latent attention's and the indexer's kernels, when the model has such layers.
+    mla_module: ?cuda.mla_kernels.Module,
+    dsa_module: ?cuda.dsa_kernels.Module,
+    /// Expert slots per row: experts_per_token, + 1 when a layer merges its shared expert.
+    slots: usize,
+    /// The switches (core.switches), read once: prompt kernels and the shared expert's merge.
+    prompt_enabled: bool,
+    merge_shared: bool,
+    sample_jobs: Ptr,
+    sample_choices: Ptr,
+    config: Config,
+    limits: Limits,
+    allocations: std.ArrayList(Ptr),
+    graphs: [graph_slots]?GraphSlot,
+    graph_next: usize,
+    graphs_enabled: bool,
+    graph_replays: u64,
+    /// Prompt rows run through the prompt kernels (each forward's, counted once).
+    prompt_rows: u64,
+    embed: Ptr,
+    blocks: []GpuBlock,
+    norm: Ptr,
+    lm_head: GpuLinear,
+    cache_k: Ptr,
+    cache_v: Ptr,
+    // Per-forward device buffers, sized by `limits` (cuda_buffers.zig).
+    tokens: Ptr,
+    positions: Ptr,
+    tables: Ptr,
+    table_offsets: Ptr,
+    logits_rows: Ptr,
+    cos_sin: Ptr,
+    hidden: Ptr,
+    normed: Ptr,
+    q: Ptr,
+    /// k's rows, then v's (one pair launch writes both).
+    k: Ptr,
+    attention_out: Ptr,
+    /// Steps of at most `attention_spread_rows` rows (32: partials of 32 rows x 32 splits, 51 MB
+    /// for GLM-4.5) run attention a block per split, folded after (the same bits as a block per
+    /// row: tf_attention); 0 when TF_CUDA_ATTENTION_SPREAD=0.
+    attention_parts: K.Kernels.AttentionParts,
+    attention_spread_rows: usize,
+    /// Prompt rows' attention on tensor cores (tf_attention_prompt) in tiles of one sequence's
+    /// rows; off with TF_CUDA_PROMPT_ATTENTION=0 or a head_dim it does not take. The tile table
+    /// and the i32 per row that leaves a tiled row out of tf_attention (host copy: tiles, then
+    /// skips); this step's tile count, and whether other rows remain for tf_attention.
+    prompt_attention: bool,
+    attention_tiles: Ptr,
+    attention_skip: Ptr,
+    host_attention: []i32,
+    step_tiles: usize,
+    step_rest: bool,
+    projected: Ptr,
+    ffn_out: Ptr,
+    gate: Ptr,
+    items_out: Ptr,
+    shared_out: Ptr,
+    acc: Ptr,
+    counters: Ptr,
+    grouping: K.Grouping,
+    pair_layers: Ptr,
+    pair_rows: Ptr,
+    /// The prompt path: scratch (when a layer takes it), i32 per row (1 = prompt row), i32 per
+    /// item (the prompt rows' experts), and whether this step has prompt rows.
+    prompt_scratch: ?P.Scratch,
+    row_tables: Ptr,
+    prompt_layers: Ptr,
+    step_prompt: bool,
+    /// Whether this step has generated rows: a chunk of prompt rows alone skips the GEMV launches
+    /// of the linears the prompt kernels take.
+    step_decode: bool,
+    route_experts: Ptr,
+    route_weights: Ptr,
+    route_scratch: Ptr,
+    logits: Ptr,
+    summaries: Ptr,
+    /// MLA layers' buffers and latent cache, the indexers' (parts/mla_cuda.zig, dsa_cuda.zig).
+    mla: ?mla_cuda.Buffers,
+    dsa: ?dsa_cuda.Buffers,
+    // Host staging.
+    host_tables: []u32,
+    host_offsets: []u32,
+    host_cos_sin: []f32,
+    host_row_tables: []i32,
+
+    // The parts' launches and the buffers' helpers, callable as methods.
+    pub const uploadLinear = linear_cuda.uploadLinear;
+    pub const exl3Entry = linear_cuda.exl3Entry;
+    pub const pairTable = linear_cuda.pairTable;
+    pub const exl3Call = linear_cuda.exl3Call;
+    pub const runLinear = linear_cuda.runLinear;
+    pub const pairGemv = linear_cuda.pairGemv;
+    pub const runPair = linear_cuda.runPair;
+    pub const launcher = linear_cuda.launcher;
+    pub const uploadMlp = mlp_cuda.uploadMlp;
+    pub const runMlp = mlp_cuda.runMlp;
+    pub const runDown = mlp_cuda.runDown;
+    pub const rowTable = buffers.rowTable;
+    pub const uploadBatch = buffers.uploadBatch;
+
+    pub fn init(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
+        const model = try gpa.create(GpuModel);
+        errdefer gpa.destroy(model);
+        model.* = undefined;
+        model.gpa = gpa;
+        model.config = weights.config;
+        model.limits = limits;
+        model.allocations = .empty;
+        model.graphs = @splat(null);
+        model.graph_next = 0;
+        model.graph_replays = 0;
+        model.prompt_rows = 0;
+        model.graphs_enabled = limits.graphs and !core.switches.off("TF_CUDA_GRAPHS");
+        model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
+        model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
+        // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.
+        model.slots = moe_cuda.slotsOf(weights, model.merge_shared);
+        const items_max = 2 * limits.rows_max * model.slots;
+        if (items_max > 65535) {
+            diag.set("rows_max {d} is too large for the CUDA backend: 2 x rows_max x {d} expert slots = {d} exceeds 65535 items per launch", .{ limits.rows_max, model.slots, items_max });
+            return error.UnsupportedModel;
+        }
+        const c = weights.config;
+        try gqa_cuda.checkShape(&c, diag);
+        try mla_cuda.checkShape(&c, diag);
+        model.gpu = try cuda.Gpu.open(limits.device, diag);
+        errdefer model.gpu.close();
+        errdefer model.freeAll();
+        model.module = try K.load(&model.gpu, diag);
+        errdefer model.module.unload(&model.gpu);
+        model.prompt_module = try P.load(&model.gpu, diag);
+        errdefer model.prompt_module.unload(&model.gpu);
+        model.sample_module = try cuda.sampling.load(&model.gpu, diag);
+        errdefer model.sample_module.unload(&model.gpu);
+        model.mla_module = if (c.countOf("attention", .mla) > 0) try cuda.mla_kernels.load(&model.gpu, diag) else null;
+        errdefer if (model.mla_module) |*module| module.unload(&model.gpu);
+        model.dsa_module = if (c.countOf("indexer", .full) > 0) try cuda.dsa_kernels.load(&model.gpu, diag) else null;
+        errdefer if (model.dsa_module) |*module| module.unload(&model.gpu);
+        try model.upload(weights, diag);
+        try buffers.allocateScratch(model, diag);
+        return model;
+    }
+
+    pub fn deinit(model: *GpuModel) void {
+        const gpa = model.gpa;
+        for (&model.graphs) |*slot| if (slot.*) |*entry| entry.graph.destroy(&model.gpu);
+        model.freeAll();
+        model.module.unload(&model.gpu);
+        model.prompt_module.unload(&model.gpu);
+        model.sample_module.unload(&model.gpu);
+        if (model.mla_module) |*module| module.unload(&model.gpu);
+        if (model.dsa_module) |*module| module.unload(&model.gpu);
+        model.gpu.close();
+        gpa.free(model.host_row_tables);
+        gpa.free(model.host_attention);
+        gpa.free(model.host_tables);
+        gpa.free(model.host_offsets);
+        gpa.free(model.host_cos_sin);
+        gpa.free(model.blocks);
+        gpa.destroy(model);
+    }
+
+    fn freeAll(model: *GpuModel) void {
+        for (model.allocations.items) |ptr| model.gpu.free(ptr);
+        model.allocations.deinit(model.gpa);
+    }
+
+    /// Device memory freed with the model.
+    pub fn alloc(model: *GpuModel, size_bytes: usize, diag: *Diagnostic) Error!Ptr {
+        try model.allocations.ensureUnusedCapacity(model.gpa, 1);
+        const ptr = try model.gpu.alloc(size_bytes, diag);
+        model.allocations.appendAssumeCapacity(ptr);
+        return ptr;
+    }
+
+    pub fn put(model: *GpuModel, bytes: []const u8, diag: *Diagnostic) Error!Ptr {
+        const ptr = try model.alloc(bytes.len, diag);
+        try model.gpu.upload(ptr, bytes, diag);
+        return ptr;
+    }
+
+    pub fn putF32(model: *GpuModel, values: []const f32, diag: *Diagnostic) Error!Ptr {
+        return model.put(std.mem.sliceAsBytes(values), diag);
+    }
+
+    /// Every layer's parts to the device. The routed experts' gate/up tables go last, after every
+    /// layer's other weights (the order of the allocations before the parts were split).
+    fn upload(model: *GpuModel, weights: *const weights_mod.Weights, diag: *Diagnostic) Error!void {
+        const c = weights.config;
+        const gpa = model.gpa;
+        const embed = try gpa.alloc(f32, c.vocab_size * c.hidden_size);
+        defer gpa.free(embed);
+        for (0..c.vocab_size) |token| weights.embedding.row(token, embed[token * c.hidden_size ..][0..c.hidden_size]);
+        model.embed = try model.putF32(embed, diag);
+        model.blocks = try gpa.alloc(GpuBlock, c.layers);
+        for (weights.blocks, model.blocks) |*block, *target| {
+            target.* = .{
+                .input_norm = try model.putF32(block.input_norm, diag),
+                .post_attention_norm = try model.putF32(block.post_attention_norm, diag),
+                .attention = switch (block.attention) {
+                    .gqa => |*part| .{ .gqa = try gqa_cuda.upload(model, part, diag) },
+                    .mla => |*part| .{ .mla = try mla_cuda.upload(model, part, diag) },
+                },
+                .ffn = switch (block.ffn) {
+                    .dense => |*part| .{ .dense = try model.uploadMlp(part, diag) },
+                    .moe => |*part| .{ .moe = try moe_cuda.uploadApart(model, part, diag) },
+                },
+            };
+            if (target.attention == .gqa) try gqa_cuda.pairKv(model, &target.attention.gqa, diag);
+        }
+        for (weights.blocks, model.blocks) |*block, *target| switch (block.ffn) {
+            .dense => {},
+            .moe => |*part| try moe_cuda.uploadGateUp(model, part, &target.ffn.moe, diag),
+        };
+        model.norm = try model.putF32(weights.norm, diag);
+        model.lm_head = try model.uploadLinear(&weights.lm_head, diag);
+    }
+
+    /// Sums a rank's partial outputs across tensor-parallel ranks, in place on the device.
+    pub const Reduce = struct {
+        context: *anyopaque,
+        sum: *const fn (context: *anyopaque, model: *GpuModel, buffer: Ptr, count: usize, diag: *Diagnostic) anyerror!void,
+    };
+
+    /// Attention layers whose k and v projections run as one launch.
+    pub fn kvPairs(model: *const GpuModel) u64 {
+        var count: u64 = 0;
+        for (model.blocks) |*block| switch (block.attention) {
+            .gqa => |*part| count += @intFromBool(part.kv_pair != 0),
+            .mla => {},
+        };
+        return count;
+    }
+
+    /// MoE layers whose routed experts the prompt kernels take.
+    pub fn promptLayers(model: *const GpuModel) u64 {
+        var count: u64 = 0;
+        for (model.blocks) |*block| switch (block.ffn) {
+            .dense => {},
+            .moe => |*moe| count += @intFromBool(moe.prompt),
+        };
+        return count;
+    }
+
+    /// The same contract as forward_cpu.forward; the KV cache is this model's device cache.
+    pub fn forward(model: *GpuModel, batch: Batch, logits: []f32, diag: *Diagnostic) Error!void {
+        return model.forwardRank(batch, logits, null, diag);
+    }
+
+    /// With `reduce`, the model is one rank's shard: the partial o_proj and FFN outputs are summed
+    /// across ranks before each residual add.
+    pub fn forwardRank(model: *GpuModel, batch: Batch, logits: []f32, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+        const c = model.config;
+        const rows = batch.rows();
+        const wanted = batch.logits_rows.len;
+        std.debug.assert(rows >= 1 and rows <= model.limits.rows_max);
+        std.debug.assert(wanted <= model.limits.logits_rows_max);
+        try model.run(batch, reduce, diag);
+        if (wanted == 0) return model.gpu.synchronize(diag);
+        try model.gpu.download(std.mem.sliceAsBytes(logits[0 .. wanted * c.vocab_size]), model.logits, diag);
+    }
+
+    /// `forward` for sampling: every logits row's summary, the logits of the rows `wanted` names
+    /// (all when null), and the tokens the GPU samples for `jobs` into `choices`. A greedy row
+    /// crosses to the host as its 16-byte summary, a GPU-sampled one as its 8-byte choice.
+    pub fn forwardSummarized(model: *GpuModel, batch: Batch, logits: []f32, summaries: []core.LogitsSummary, wanted: ?[]const bool, jobs: []const cuda.sampling.Job, choices: []cuda.sampling.Choice, diag: *Diagnostic) Error!void {
+        const vocab = model.config.vocab_size;
+        const count = batch.logits_rows.len;
+        std.debug.assert(summaries.len == count and choices.len == jobs.len and jobs.len <= count);
+        try model.run(batch, null, diag);
+        if (count > 0) try model.gpu.downloadAsync(std.mem.sliceAsBytes(summaries), model.summaries, diag);
+        if (jobs.len > 0) {
+            try model.gpu.upload(model.sample_jobs, std.mem.sliceAsBytes(jobs), diag);
+            try cuda.sampling.launch(&model.gpu, &model.sample_module, model.logits, model.summaries, model.sample_jobs, model.sample_choices, jobs.len, vocab, diag);
+            try model.gpu.downloadAsync(std.mem.sliceAsBytes(choices), model.sample_choices, diag);
+        }
+        for (0..count) |i| {
+            if (wanted) |w| if (!w[i]) continue;
+            try model.gpu.downloadAsync(std.mem.sliceAsBytes(logits[i * vocab ..][0..vocab]), model.logits + i * vocab * @sizeOf(f32), diag);
+        }
+        try model.gpu.synchronize(diag);
+    }
+
+    /// The batch to the device and the forward queued, replayed from a recording when it can be.
+    fn run(model: *GpuModel, batch: Batch, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+        const rows = batch.rows();
+        const wanted = batch.logits_rows.len;
+        try model.uploadBatch(batch, diag);
+        // A rank's reduction runs on the host between launches: it cannot be recorded.
+        if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
+            const graph = try model.graphFor(.{ .rows = rows, .wanted = wanted, .prompt = model.step_prompt, .decode = model.step_decode, .tiles = model.step_tiles > 0, .rest = model.step_rest }, diag);
+            try graph.launch(&model.gpu, diag);
+            model.graph_replays += 1;
+        } else {
+            try model.enqueue(rows, wanted, reduce, diag);
+        }
+    }
+
+    /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
+    /// launch reads its per-step inputs (tokens, positions, page tables, logits rows) from device
+    /// buffers that `uploadBatch` refills, so one recording serves every step of that size.
+    fn graphFor(model: *GpuModel, key: GraphKey, diag: *Diagnostic) Error!cuda.gpu.Graph {
+        for (model.graphs) |slot| if (slot) |entry| {
+            if (std.meta.eql(entry.key, key)) return entry.graph;
+        };
+        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
+        model.enqueue(key.rows, key.wanted, null, diag) catch |err| {
+            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
+            return err;
+        };
+        const graph = try cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
+        const slot = &model.graphs[model.graph_next % graph_slots];
+        model.graph_next += 1;
+        if (slot.*) |*old| old.graph.destroy(&model.gpu);
+        slot.* = .{ .key = key, .graph = graph };
+        return graph;
+    }
+
+    /// Queues the whole forward on the stream; the batch is already on the device.
+    fn enqueue(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+        const c = model.config;
+        const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
+        try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
+        // Each residual add is fused with the norm that follows it: the post-attention norm, the
+        // next layer's input norm, or the final norm.
+        if (model.blocks.len > 0) try k.rmsnorm(model.hidden, model.blocks[0].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+        for (model.blocks, 0..) |*block, layer| {
+            switch (block.attention) {
+                .gqa => |*part| try gqa_cuda.attention(model, k, part, c.indexAmong(layer, "attention", .gqa), rows),
+                .mla => |*part| try mla_cuda.attention(model, k, part, c.plan[layer], .{
+                    .mla = c.indexAmong(layer, "attention", .mla),
+                    .index = c.indexAmong(layer, "indexer", .full),
+                }, rows),
+            }
+            if (reduce) |r| r.sum(r.context, model, model.projected, rows * c.hidden_size, diag) catch return error.CudaFailed;
+            try k.addRmsnorm(model.hidden, model.projected, block.post_attention_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            switch (block.ffn) {
+                .dense => |*mlp| try model.runMlp(k, mlp, model.normed, model.ffn_out, rows),
+                .moe => |*moe| try moe_cuda.runMoe(model, k, moe, rows),
+            }
+            if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * c.hidden_size, diag) catch return error.CudaFailed;
+            if (layer + 1 < model.blocks.len) {
+                try k.addRmsnorm(model.hidden, model.ffn_out, model.blocks[layer + 1].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            } else if (wanted > 0) {
+                try k.addRmsnorm(model.hidden, model.ffn_out, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            } else {
+                try k.add(model.hidden, model.ffn_out, rows * c.hidden_size);
+            }
+        }
+        if (wanted == 0) return;
+        if (model.blocks.len == 0) try k.rmsnorm(model.hidden, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+        switch (model.lm_head.kind) {
+            .exl3 => try model.runLinear(k, &model.lm_head, model.normed, model.logits, wanted, model.logits_rows),
+            .dense => |dense| {
+                try k.gatherRows(model.normed, model.logits_rows, model.projected, wanted, c.hidden_size);
+                try k.denseLinear(model.projected, dense.weight, dense.bias, model.logits, wanted, c.hidden_size, c.vocab_size);
+            },
+        }
+        try k.logitsSummary(model.logits, model.summaries, wanted, c.vocab_size);
+    }
+};

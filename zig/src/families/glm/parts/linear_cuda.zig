@@ -1,0 +1,163 @@
+//! The GPU side of one projection (linear.zig): an EXL3 layer uploaded as its trellis words,
+//! scales and bias behind a one-entry table (or a two-entry pair table when two projections of one
+//! shape share their input), or an unquantized f32 matrix; and the launches that run it. Generated
+//! rows take the trellis GEMV (tf_exl3_item_linear); a prompt step's prompt rows take the
+//! tensor-core prompt kernels (cuda/exl3_prompt.zig) where the weight is eligible.
+const std = @import("std");
+const core = @import("../../../core/root.zig");
+const cuda = @import("../../../cuda/root.zig");
+const exl3 = @import("../../../exl3/root.zig");
+const model_mod = @import("../cuda_model.zig");
+const GpuModel = model_mod.GpuModel;
+const Error = model_mod.Error;
+const Diagnostic = core.Diagnostic;
+const Ptr = cuda.gpu.DevicePtr;
+const K = cuda.glm_kernels;
+const P = cuda.exl3_prompt;
+const Linear = @import("../linear.zig").Linear;
+
+pub const GpuLinear = struct {
+    in_features: usize,
+    out_features: usize,
+    kind: union(enum) {
+        /// prompt: the prompt kernels take this weight (for a prompt step's prompt rows).
+        exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8, prompt: bool },
+        dense: struct { weight: Ptr, bias: Ptr },
+    },
+};
+
+/// One projection of all experts: a table of Exl3Layer, one per expert, sharing shape and rate.
+pub const GroupedLinear = struct { table: Ptr, in_features: usize, out_features: usize, k_p: usize, n_p: usize, bits2: u8, codebook: u8 };
+
+/// A two-entry table (first, second) on the GPU when both linears are EXL3 of one shape, rate
+/// and codebook on the same input, so that one launch runs both (runPair); 0 otherwise.
+pub fn pairTable(model: *GpuModel, first: *const GpuLinear, second: *const GpuLinear, diag: *Diagnostic) Error!Ptr {
+    if (first.kind != .exl3 or second.kind != .exl3) return 0;
+    const a = first.kind.exl3;
+    const b = second.kind.exl3;
+    if (a.k_p != b.k_p or a.n_p != b.n_p or a.bits2 != b.bits2 or a.codebook != b.codebook or a.prompt != b.prompt) return 0;
+    if (first.in_features != second.in_features or first.out_features != second.out_features) return 0;
+    const entries = [2]K.Exl3Layer{ a.entry, b.entry };
+    return model.put(std.mem.sliceAsBytes(&entries), diag);
+}
+
+pub fn exl3Entry(model: *GpuModel, layer: *const exl3.Layer, out_features: usize, diag: *Diagnostic) Error!K.Exl3Layer {
+    var bias_ptr: Ptr = 0;
+    if (layer.bias) |bias| {
+        const values = try model.gpa.alloc(f32, out_features);
+        defer model.gpa.free(values);
+        for (values, 0..) |*v, n| v.* = if (n < bias.len()) bias.get(n) else 0;
+        bias_ptr = try model.putF32(values, diag);
+    }
+    return .{
+        .words = try model.put(std.mem.sliceAsBytes(layer.words), diag),
+        .suh = try model.put(std.mem.sliceAsBytes(layer.suh), diag),
+        .svh = try model.put(std.mem.sliceAsBytes(layer.svh), diag),
+        .bias = bias_ptr,
+    };
+}
+
+pub fn uploadLinear(model: *GpuModel, source: *const Linear, diag: *Diagnostic) Error!GpuLinear {
+    return .{
+        .in_features = source.in_features,
+        .out_features = source.out_features,
+        .kind = switch (source.kind) {
+            .exl3 => |*layer| blk: {
+                const entry = try model.exl3Entry(layer, source.out_features, diag);
+                break :blk .{ .exl3 = .{
+                    .table = try model.put(std.mem.asBytes(&entry), diag),
+                    .entry = entry,
+                    .k_p = layer.rows,
+                    .n_p = layer.columns,
+                    .bits2 = layer.rate.bits2,
+                    .codebook = @backingInt(layer.codebook),
+                    .prompt = model.prompt_enabled and P.ineligible(.{
+                        .k_p = layer.rows,
+                        .n_p = layer.columns,
+                        .bits2 = layer.rate.bits2,
+                        .codebook = @backingInt(layer.codebook),
+                    }) == null,
+                } };
+            },
+            .dense => |dense| .{ .dense = .{
+                .weight = try model.putF32(dense.weight, diag),
+                .bias = if (dense.bias) |b| try model.putF32(b, diag) else 0,
+            } },
+        },
+    };
+}
+
+/// The fields every EXL3 launch of this model shares, for a weight of `shape` (anything with
+/// k_p, n_p, bits2 and codebook) in `table`; callers add what differs (rows, tables, SwiGLU).
+pub fn exl3Call(model: *const GpuModel, shape: anytype, table: Ptr, in_features: usize, out_features: usize, x: Ptr, y: Ptr, items: usize) K.Kernels.Exl3Call {
+    return .{
+        .x = x,
+        .table = table,
+        .acc = model.acc,
+        .counters = model.counters,
+        .grouping = model.grouping,
+        .y = y,
+        .items = items,
+        .in_features = in_features,
+        .out_features = out_features,
+        .k_p = shape.k_p,
+        .n_p = shape.n_p,
+        .bits2 = shape.bits2,
+        .codebook = shape.codebook,
+    };
+}
+
+/// The GEMV of a pair table (pairTable) over the same rows: first's outputs at y, second's
+/// after them. With `prompt`, for the generated rows only (the prompt rows' entries say -1).
+pub fn pairGemv(model: *GpuModel, k: K.Kernels, first: *const GpuLinear, table: Ptr, x: Ptr, y: Ptr, rows: usize, prompt: bool) Error!void {
+    var call = model.exl3Call(first.kind.exl3, table, first.in_features, first.out_features, x, y, 2 * rows);
+    call.group_items = rows;
+    if (prompt) {
+        call.layer_of_item = model.rowTable(.pair);
+        call.layers = 2;
+    }
+    if (!prompt or model.step_decode) try k.exl3Linear(call);
+}
+
+/// Two linears of one pair table on the same rows, as runLinear would run each: the generated
+/// rows in one GEMV launch, a prompt step's prompt rows on the prompt kernels, linear by linear.
+pub fn runPair(model: *GpuModel, k: K.Kernels, first: *const GpuLinear, second: *const GpuLinear, table: Ptr, x: Ptr, y: Ptr, rows: usize) Error!void {
+    const prompt = model.step_prompt and first.kind.exl3.prompt;
+    try model.pairGemv(k, first, table, x, y, rows, prompt);
+    if (!prompt) return;
+    const width = first.out_features * @sizeOf(f32);
+    for ([2]*const GpuLinear{ first, second }, [2]Ptr{ y, y + rows * width }) |linear, out| {
+        const e = linear.kind.exl3;
+        try model.launcher(k).runLinear(model.prompt_scratch.?, x, rows, 1, model.rowTable(.prompt), e.table, promptShape(e), linear.in_features, linear.out_features, out);
+    }
+}
+
+/// rows_wanted: 0, or a device array naming which rows of x to run (the logits rows).
+pub fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Ptr, y: Ptr, rows: usize, rows_wanted: Ptr) Error!void {
+    switch (linear.kind) {
+        .exl3 => |e| {
+            var call = model.exl3Call(e, e.table, linear.in_features, linear.out_features, x, y, rows);
+            call.source_rows = rows_wanted;
+            const prompt = rows_wanted == 0 and model.step_prompt and e.prompt;
+            if (prompt) {
+                call.layer_of_item = model.rowTable(.gemv);
+                call.layers = 1;
+            }
+            if (!prompt or model.step_decode) try k.exl3Linear(call);
+            if (prompt) try model.launcher(k).runLinear(model.prompt_scratch.?, x, rows, 1, model.rowTable(.prompt), e.table, promptShape(e), linear.in_features, linear.out_features, y);
+        },
+        .dense => |d| {
+            std.debug.assert(rows_wanted == 0);
+            try k.denseLinear(x, d.weight, d.bias, y, rows, linear.in_features, linear.out_features);
+        },
+    }
+}
+
+pub fn launcher(model: *const GpuModel, k: K.Kernels) P.Launcher {
+    return .{ .glm = k, .module = &model.prompt_module };
+}
+
+/// The shape of anything with k_p, n_p, bits2 and codebook (a GroupedLinear, a GpuLinear's exl3).
+pub fn promptShape(g: anytype) P.Shape {
+    return .{ .k_p = g.k_p, .n_p = g.n_p, .bits2 = g.bits2, .codebook = g.codebook };
+}
