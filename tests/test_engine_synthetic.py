@@ -97,3 +97,28 @@ def test_the_layer_benchmark_runs_on_synthetic_models(capsys):
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny-")]
     assert [(r[0], int(r[1])) for r in rows] == [("tiny-2l", 1), ("tiny-3l", 2)]
     assert "one MoE layer at M=1:" in out
+
+
+# The MLA shapes at a test's size: their structure (latent attention, GLM-5's indexer and dense
+# layers first) with small widths.
+SMALL_MLA = dict(hidden_size=256, q_lora_rank=64, num_attention_heads=4, num_key_value_heads=4, qk_nope_head_dim=32,
+                 v_head_dim=32, intermediate_size=512, moe_intermediate_size=128, n_routed_experts=8,
+                 num_experts_per_tok=2, vocab_size=1024, index_n_heads=4, index_topk=4)
+
+
+@pytest.mark.parametrize("shape", ["glm-4.7-flash-2l", "glm-5-4l"])
+def test_mla_shapes_run_in_memory(shape):
+    config = {**shape_config(shape), **SMALL_MLA}
+    assert config["num_hidden_layers"] == int(shape.split("-")[-1][:-1])
+    assert config["first_k_dense_replace"] <= config["num_hidden_layers"]
+    with trellisforge.Engine.synthetic(config, seed=3, max_seqs=2) as engine:
+        logits = engine.logits(PROMPT)
+        assert logits.shape == (len(PROMPT), SMALL_MLA["vocab_size"]) and np.isfinite(logits).all()
+        spread = float(np.std(logits[-1]))
+        assert 0.05 < spread < 50
+
+
+def test_mla_shapes_are_not_written_as_files():
+    from trellisforge.synthesize import plan_tensors
+    with pytest.raises(ValueError, match="Engine.synthetic"):
+        plan_tensors(shape_config("glm-5"), 3, 6, "3inst")

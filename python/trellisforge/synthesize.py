@@ -30,6 +30,20 @@ BASE_SHAPES = {
                         intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=128, num_experts_per_tok=8,
                         first_k_dense_replace=1, routed_scaling_factor=1.0, use_qk_norm=False, vocab_size=151552,
                         max_position_embeddings=131072),
+    # GLM-4.7-Flash and GLM-5 (GLM.md §2.2, §2.3): multi-head latent attention, GLM-5 with the DSA
+    # indexer. In memory only (Engine.synthetic); the file writer below writes class A.
+    "glm-4.7-flash": dict(architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite", hidden_size=2048,
+                          num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20, q_lora_rank=768,
+                          kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, rope_interleave=True,
+                          intermediate_size=10240, moe_intermediate_size=1536, n_routed_experts=64, num_experts_per_tok=4,
+                          first_k_dense_replace=1, routed_scaling_factor=1.8, attention_bias=False, vocab_size=154880,
+                          max_position_embeddings=202752, partial_rotary_factor=1.0, eos_token_id=[154820, 154827, 154829]),
+    "glm-5": dict(architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa", hidden_size=6144, num_hidden_layers=78,
+                  num_attention_heads=64, num_key_value_heads=64, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192,
+                  qk_rope_head_dim=64, v_head_dim=256, index_n_heads=32, index_head_dim=128, index_topk=2048,
+                  intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256, num_experts_per_tok=8,
+                  first_k_dense_replace=3, routed_scaling_factor=2.5, attention_bias=False, vocab_size=154880,
+                  max_position_embeddings=202752, partial_rotary_factor=1.0, eos_token_id=[154820, 154827, 154829]),
     # A small shape with the same structure, for tests on machines without much disk.
     "tiny": dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                  intermediate_size=512, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
@@ -61,6 +75,8 @@ def shape_config(name: str) -> dict:
             raise ValueError(f"a cut to {layers} layers is outside 1..{config['num_hidden_layers']}")
         config["num_hidden_layers"] = layers
         config["first_k_dense_replace"] = min(config["first_k_dense_replace"], layers)
+        if "mlp_layer_types" in config:
+            config["mlp_layer_types"] = config["mlp_layer_types"][:layers]
     return config
 
 
@@ -85,6 +101,8 @@ def shape_names() -> list[str]:
 def plan_tensors(config: dict, bits: int, head_bits: int, codebook: str):
     """(name, dtype, shape, maker) for every tensor, in writing order."""
     c = config
+    if c["model_type"] != "glm4_moe":
+        raise ValueError(f"checkpoint files of {c['architectures'][0]} shapes are not written; use Engine.synthetic")
     h, d = c["hidden_size"], c["head_dim"]
     entries = [("model.embed_tokens.weight", "BF16", (c["vocab_size"], h), ("normal", 0.02))]
 

@@ -1,7 +1,7 @@
 //! tf-bench: this GPU's ceilings and the EXL3 expert kernels, as tables (a benchmark, not a test;
 //! docs/measurements.md records runs).
 //!
-//!   tf-bench [--quick] [--attention]   (--attention: the ceilings and the attention table only)
+//!   tf-bench [--quick] [--attention | --mla]   (the ceilings and the attention or MLA table only)
 //!
 //! 1. Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written per second.
 //! 2. The mma.sync rate (m16n8k16, f16 and bf16 inputs, f32 accumulate).
@@ -29,14 +29,16 @@ const Ptr = cuda.gpu.DevicePtr;
 
 const say = @import("say.zig").say;
 const attention_bench = @import("attention_bench.zig");
+const mla_bench = @import("mla_bench.zig");
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
     var quick = false;
     var attention_only = false;
+    var mla_only = false;
     for (args[1..]) |arg| {
-        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else {
-            say("usage: tf-bench [--quick] [--attention]\n", .{});
+        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else {
+            say("usage: tf-bench [--quick] [--attention | --mla]\n", .{});
             return 2;
         }
     }
@@ -47,16 +49,17 @@ pub fn main(init: std.process.Init) u8 {
     };
     defer gpu.close();
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
-    run(init.gpa, &gpu, quick, attention_only, &diag) catch |err| {
+    run(init.gpa, &gpu, quick, attention_only, mla_only, &diag) catch |err| {
         say("tf-bench failed: {t}: {s}\n", .{ err, diag.message() });
         return 1;
     };
     return 0;
 }
 
-fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, attention_only: bool, diag: *Diagnostic) !void {
+fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, attention_only: bool, mla_only: bool, diag: *Diagnostic) !void {
     const copy_gbs = try copyBandwidth(gpu, diag);
     say("\ncopy bandwidth (1 GiB device to device, read + written): {d:.0} GB/s\n", .{copy_gbs});
+    if (mla_only) return mla_bench.run(gpa, gpu, copy_gbs, diag);
     try mmaRate(gpu, diag);
 
     var module = try K.load(gpu, diag);

@@ -30,16 +30,6 @@ constexpr int kPromptPlanesBytes = 2 * 2 * kPromptKvTile * kPromptKvPitch * 2;
 constexpr int kPromptAttentionSharedBytes = kPromptPlanesBytes + 2 * kPromptKvTile * kPromptAttentionDim * 4;
 static_assert(kPromptAttentionSharedBytes == 67584, "the launch's size: prompt_attention_shared_bytes in glm_kernels.zig");
 
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-}
-
 }  // namespace tf
 
 // tiles: [0] = the tile count, then (first row, rows) per tile; a tile's rows are one sequence's,
@@ -159,9 +149,8 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
                 for (int n = 0; n < 2; ++n) mma_split(s[2 * pair + n], qa[k][0], qa[k][1], kh, kl, n);
             }
 
-        // The online softmax: entries (n, 0..1) are row a's positions t0 + 8n + 2t + e, (n, 2..3)
-        // row b's; a quad of lanes holds a row's 32 positions.
-        float tile_a = -INFINITY, tile_b = -INFINITY;
+        // Entries (n, 0..1) are row a's positions t0 + 8n + 2t + e, (n, 2..3) row b's; a position
+        // past its row is masked (a tile past the row leaves max, sum and o exactly as they were).
 #pragma unroll
         for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -169,34 +158,8 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
                 const int p = t0 + 8 * n + 2 * t + e;
                 if (p > pos_a) s[n][e] = -INFINITY;
                 if (p > pos_b) s[n][2 + e] = -INFINITY;
-                tile_a = fmaxf(tile_a, s[n][e]);
-                tile_b = fmaxf(tile_b, s[n][2 + e]);
             }
-        const float next_a = fmaxf(max_a, quad_max(tile_a));
-        const float next_b = fmaxf(max_b, quad_max(tile_b));
-        const float rescale_a = expf(max_a - next_a);  // 0 on the first positions, 1 past the row
-        const float rescale_b = expf(max_b - next_b);
-        max_a = next_a;
-        max_b = next_b;
-        float part_a = 0.f, part_b = 0.f;
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                s[n][e] = expf(s[n][e] - next_a);
-                s[n][2 + e] = expf(s[n][2 + e] - next_b);
-                part_a += s[n][e];
-                part_b += s[n][2 + e];
-            }
-        sum_a = sum_a * rescale_a + part_a;  // this lane's positions; the quad's are summed at the end
-        sum_b = sum_b * rescale_b + part_b;
-#pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) {
-            o[n][0] *= rescale_a;
-            o[n][1] *= rescale_a;
-            o[n][2] *= rescale_b;
-            o[n][3] *= rescale_b;
-        }
+        online_softmax(s, o, max_a, max_b, sum_a, sum_b);
 
         // O += P·V over 2 steps of 16 positions: P's C fragments of position tiles 2k and 2k + 1
         // are the A fragment of step k; ldmatrix.trans of 8 positions x 8 dims gives lane (g, t)

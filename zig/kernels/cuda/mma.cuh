@@ -4,6 +4,7 @@
 // is how f32 operands ride on f16 tensor cores. sm_80 and later.
 #pragma once
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
 namespace tf {
@@ -65,6 +66,60 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&a)[4], const half* 
 
 __device__ __forceinline__ uint32_t pack_halves(half low, half high) {
     return static_cast<uint32_t>(__half_as_ushort(low)) | (static_cast<uint32_t>(__half_as_ushort(high)) << 16);
+}
+
+// A row's max and sum over the quad of lanes (lane / 4 the same) that holds its C fragment entries.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// The online softmax of a tile of scores held as C fragments, N tiles of 8 columns: entries (n,
+// 0..1) are row a's, (n, 2..3) row b's, and a quad of lanes holds a row. Masked entries are -inf;
+// a row's first tile has a finite one. Advances the rows' running max and this lane's part of their
+// sums (the quad's parts are added at the end), turns the scores into exp(s - max), and rescales
+// the accumulators `o` (M tiles of the same rows) to the new max. Used by the prompt attention and
+// the MLA attention alike, so both fold a tile with the same operations.
+template <int N, int M>
+__device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&o)[M][4], float& max_a, float& max_b, float& sum_a, float& sum_b) {
+    float tile_a = -INFINITY, tile_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            tile_a = fmaxf(tile_a, s[n][e]);
+            tile_b = fmaxf(tile_b, s[n][2 + e]);
+        }
+    const float next_a = fmaxf(max_a, quad_max(tile_a));
+    const float next_b = fmaxf(max_b, quad_max(tile_b));
+    const float rescale_a = expf(max_a - next_a);  // 0 on the first tile, 1 where nothing is new
+    const float rescale_b = expf(max_b - next_b);
+    max_a = next_a;
+    max_b = next_b;
+    float part_a = 0.f, part_b = 0.f;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            s[n][e] = expf(s[n][e] - next_a);
+            s[n][2 + e] = expf(s[n][2 + e] - next_b);
+            part_a += s[n][e];
+            part_b += s[n][2 + e];
+        }
+    sum_a = sum_a * rescale_a + part_a;
+    sum_b = sum_b * rescale_b + part_b;
+#pragma unroll
+    for (int n = 0; n < M; ++n) {
+        o[n][0] *= rescale_a;
+        o[n][1] *= rescale_a;
+        o[n][2] *= rescale_b;
+        o[n][3] *= rescale_b;
+    }
 }
 
 }  // namespace tf

@@ -19,7 +19,7 @@ pub const rope = 64;
 /// score_rows x context_max floats, whatever the step's rows (a 1024-row chunk at a 128k context
 /// would need 512 MB at once).
 pub const score_rows = 64;
-const score_tile = 64;
+const score_tile = 128;
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     return Module.load(gpu, kernels.dsa, "dsa", diag);
@@ -68,7 +68,7 @@ pub const Kernels = struct {
             var ptrs: [a.len]?*anyopaque = undefined;
             inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
             const tiles: u32 = @intCast(std.math.divCeil(usize, context_max, score_tile) catch unreachable);
-            try k.run("tf_dsa_scores", .{ @intCast(chunk), tiles, 1 }, 256, ptrs);
+            try k.run("tf_dsa_scores", .{ @intCast(chunk), tiles, 1 }, score_tile, ptrs);
             var t = .{ scores, p.positions, selection.selected, selection.counts, @as(c_int, @intCast(first)), @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(selection.topk)), @as(c_int, @intCast(context_max)) };
             try k.run("tf_dsa_topk", .{ @intCast(chunk), 1, 1 }, 1024, .{ &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7] });
         }

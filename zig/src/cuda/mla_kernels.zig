@@ -3,25 +3,38 @@
 const std = @import("std");
 const gpu_mod = @import("gpu.zig");
 const kernels = @import("kernels.zig");
+const driver = @import("driver.zig");
 const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
 const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
-pub const Module = gpu_mod.Module(&.{ "tf_mla_rope_store", "tf_mla_absorb", "tf_mla_attention", "tf_mla_combine", "tf_mla_v_up" });
+pub const Module = gpu_mod.Module(&.{ "tf_mla_rope_store", "tf_mla_absorb", "tf_mla_attention", "tf_mla_attention_split", "tf_mla_combine", "tf_mla_v_up" });
 
 /// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
 pub const latent = 512;
 pub const rope = 64;
-/// kMlaSplits, kMlaWarps, kMlaRows in mla.cu.
-pub const splits = 32;
+/// kMlaSplits, kMlaHeads, kMlaWarps, kProductRows in mla.cu.
+pub const splits = 64;
+const heads_per_block = 16;
 const warps = 8;
-const rows_per_block = 16;
-/// tf_mla_absorb keeps a block's rows' q_nope in 16 x 256 floats of shared memory.
+const product_rows = 8;
+/// tf_mla_attention's dynamic shared memory (kMlaSharedBytes): a tile of 16 cache rows as f16
+/// high/low planes (rows of 584 halves), the next tile's 16 f32 rows, the warps' parts of the scores.
+pub const attention_shared_bytes = 2 * 16 * 584 * 2 + 16 * 576 * 4 + warps * 32 * 8 * 4;
+comptime {
+    std.debug.assert(attention_shared_bytes == 82432); // static_assert'ed in mla.cu too
+}
+/// The largest qk_nope_head_dim the host takes (any would do for the product; bounds the check).
 pub const nope_max = 256;
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
-    return Module.load(gpu, kernels.mla, "mla", diag);
+    var module = try Module.load(gpu, kernels.mla, "mla", diag);
+    errdefer module.unload(gpu);
+    const attribute = driver.function_attribute_max_dynamic_shared_bytes;
+    inline for (.{ "tf_mla_attention", "tf_mla_attention_split" }) |name|
+        try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, attention_shared_bytes), "cuFuncSetAttribute(" ++ name ++ " shared memory)", diag);
+    return module;
 }
 
 /// Where a layer's cache rows are and which rows of the step there are.
@@ -55,7 +68,11 @@ pub const Kernels = struct {
     diag: *Diagnostic,
 
     fn run(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, args: anytype) Error!void {
-        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 } }, args, "launch " ++ name, k.diag);
+        return k.runShared(name, grid, block, 0, args);
+    }
+
+    fn runShared(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, shared_bytes: u32, args: anytype) Error!void {
+        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 }, .shared_bytes = shared_bytes }, args, "launch " ++ name, k.diag);
     }
 
     fn count(n: usize, per: usize) u32 {
@@ -76,16 +93,16 @@ pub const Kernels = struct {
         try k.run("tf_mla_rope_store", .{ @intCast(p.rows), 1, 1 }, 256, ptrs);
     }
 
-    /// q_lat = q_nope · W_UK per head: a block per (head, 16 rows), each weight row read once per block.
+    /// q_lat = q_nope · W_UK per head: a block per (head, 32 latent columns, 8 rows).
     pub fn absorb(k: Kernels, q: Ptr, wuk: Ptr, q_lat: Ptr, rows: usize, heads: usize, qk_dim: usize, nope_dim: usize) Error!void {
         std.debug.assert(nope_dim <= nope_max);
         var a = .{ q, wuk, q_lat, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(qk_dim)), @as(c_int, @intCast(nope_dim)) };
-        try k.run("tf_mla_absorb", .{ @intCast(heads), count(rows, rows_per_block), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
+        try k.run("tf_mla_absorb", .{ @intCast(heads), latent / 32, count(rows, product_rows) }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
     }
 
     /// The attention over the latent cache into `out` (rows, heads, latent). With `parts`, a block
-    /// per (row, 8 heads, split) and tf_mla_combine folds the splits (the same bits as a block per
-    /// (row, 8 heads) running them all, which runs without).
+    /// per (row, 16 heads, split) and tf_mla_combine folds the splits (the same bits as a block per
+    /// (row, 16 heads) running them all, which runs without).
     pub fn attention(k: Kernels, q: Ptr, q_lat: Ptr, out: Ptr, p: Paged, s: Selection, parts: ?Parts, heads: usize, qk_dim: usize, nope_dim: usize, scale: f32) Error!void {
         const spread = parts orelse Parts{ .acc = 0, .ml = 0 };
         var a = .{
@@ -97,16 +114,16 @@ pub const Kernels = struct {
         };
         var ptrs: [a.len]?*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        const z: u32 = if (parts != null) splits else 1;
-        try k.run("tf_mla_attention", .{ @intCast(p.rows), count(heads, warps), z }, 32 * warps, ptrs);
-        if (parts == null) return;
+        const grid = [3]u32{ @intCast(p.rows), count(heads, heads_per_block), if (parts != null) splits else 1 };
+        if (parts == null) return k.runShared("tf_mla_attention", grid, 32 * warps, attention_shared_bytes, ptrs);
+        try k.runShared("tf_mla_attention_split", grid, 32 * warps, attention_shared_bytes, ptrs);
         var c = .{ spread.acc, spread.ml, p.positions, s.counts, out, @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(heads)) };
-        try k.run("tf_mla_combine", .{ count(p.rows * heads, 8), 1, 1 }, 256, .{ &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6] });
+        try k.run("tf_mla_combine", .{ @intCast(p.rows * heads), 1, 1 }, latent / 4, .{ &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6] });
     }
 
-    /// out (rows, heads·v) = the heads' latents through W_UV: a block per (head, 16 rows).
+    /// out (rows, heads·v) = the heads' latents through W_UV: a block per (head, 32 columns, 8 rows).
     pub fn vUp(k: Kernels, lat: Ptr, wuv_t: Ptr, out: Ptr, rows: usize, heads: usize, v_dim: usize) Error!void {
         var a = .{ lat, wuv_t, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(v_dim)) };
-        try k.run("tf_mla_v_up", .{ @intCast(heads), count(rows, rows_per_block), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
+        try k.run("tf_mla_v_up", .{ @intCast(heads), count(v_dim, 32), count(rows, product_rows) }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
     }
 };
