@@ -7,11 +7,18 @@ benchmark, not a test):
 
 Prefill: one prompt's logits at every position. Decode: greedy tokens per second for 1 and for 4
 concurrent sequences (continuous batching), and sampled for 1. With --tp N the ranks 1..N-1 are
-worker processes on loopback (rank r on GPU r with cuda)."""
+worker processes on loopback (rank r on GPU r with cuda).
+
+Beside each decode row: the megabytes a step must read (roofline.py: weights as stored, the
+routed experts the step's rows are expected to pick, the f32 KV cache at the row's mean context)
+and, given --bandwidth-gbs (tf-bench's measured copy bandwidth, per GPU), the tokens per second
+that bandwidth allows and the measured share of it."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -19,7 +26,7 @@ import time
 
 import numpy as np
 
-from . import Engine, Sampling, library_path
+from . import Engine, Sampling, library_path, roofline
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-seqs", type=int, default=8, help="sequences the engine holds (its KV pages: max-seqs x ctx tokens)")
     parser.add_argument("--ctx", type=int, default=0, help="the engine's context limit (0: the model's, capped at 8192)")
     parser.add_argument("--rows-max", type=int, default=256, help="rows per forward: the prompt's chunk size")
+    parser.add_argument("--bandwidth-gbs", type=float, default=0.0, help="memory bandwidth per GPU (tf-bench's copy GB/s) for the roofline")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
@@ -54,6 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     else:
         engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx)
     load_seconds = time.perf_counter() - load_start
+    if args.synthetic:
+        from .synthesize import shape_config
+        config = shape_config(args.synthetic)
+        modules = roofline.synthetic_modules(config, args.bits, 6)  # Engine.synthetic's head bits
+    else:
+        config = json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())
+        modules = roofline.checkpoint_modules(args.model_dir)
+    roofs = []
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, max(args.prompt_tokens, args.decode_context))]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
@@ -89,14 +105,21 @@ def main(argv: list[str] | None = None) -> None:
         while engine.stats()["sequences_live"]:
             engine.step()
         rows.append(("decode", streams, produced, elapsed, produced / elapsed, f"{sampling}, context {args.decode_context}"))
+        step = roofline.step_bytes(modules, config, streams, args.decode_context + args.decode_tokens // 2)
+        roofs.append((step, streams * args.bandwidth_gbs * 1e9 * max(args.tp, 1) / step if args.bandwidth_gbs else 0.0))
     engine.close()
     for worker in workers:
         worker.wait(timeout=60)
     print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, tp {args.tp}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
     print(f"engine ready in {load_seconds:.1f} s")
-    print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}  sampling")
-    for phase, streams, tokens, seconds, rate, sampling in rows:
-        print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f}  {sampling}")
+    if not args.bandwidth_gbs:
+        print("roofline: pass --bandwidth-gbs (tf-bench's copy bandwidth) for the tokens/s a step's reads allow")
+    print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'MB/step':>8} {'roofline':>9} {'% roof':>7}  sampling")
+    for (phase, streams, tokens, seconds, rate, sampling), roof in zip(rows, [None] + roofs):
+        step, limit = roof if roof else (0.0, 0.0)
+        extra = f"{step / 1e6:>8.1f} " if roof else f"{'':>8} "
+        extra += f"{limit:>9.1f} {100 * rate / limit:>6.1f}%" if limit else f"{'':>9} {'':>7}"
+        print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f} {extra}  {sampling}")
 
 
 if __name__ == "__main__":

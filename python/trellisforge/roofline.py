@@ -1,0 +1,151 @@
+"""What a decode step must read from memory, and the tokens per second a memory bandwidth allows
+for it: the roofline bench_engine prints beside its measurements.
+
+Weights count at their stored size: a checkpoint's tensors as its safetensors files hold them
+(EXL3 trellis and scales, fp16/bf16 tensors), a synthetic model's as the synthesizer makes them
+(zig/src/families/glm/synthetic.zig: every linear EXL3 at `bits`, lm_head at `head_bits`, MLA's
+kv_b and the indexer's wk and weights_proj 16-bit as the peer's converter stores them). A layer's
+routed experts count as often as the distinct experts a step's rows are expected to pick under
+uniform routing, E·(1 − (1 − k/E)^rows); the embedding counts one row per row; multi-token
+prediction layers past num_hidden_layers are not run. The KV cache counts what the engine's f32
+cache holds for each row's context: GQA's k and v, MLA's latent and rope key (a DSA layer reads its
+index_topk selection, and a layer with its own indexer also every position's index key).
+Everything else (norms, routers, biases, shared experts, lm_head) is read once per step."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+from . import safetensors_io
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def checkpoint_modules(model_dir: str | pathlib.Path) -> dict[str, int]:
+    """Bytes per module (a tensor's name less its last part) in a checkpoint's safetensors files."""
+    root = pathlib.Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    modules: dict[str, int] = {}
+    for file in files:
+        header, _ = safetensors_io.read_header(root / file)
+        for name, info in header.items():
+            if name != "__metadata__":
+                begin, end = info["data_offsets"]
+                module = name.rsplit(".", 1)[0]
+                modules[module] = modules.get(module, 0) + end - begin
+    return modules
+
+
+def exl3_bytes(in_features: int, out_features: int, bits: int, bias: bool = False) -> int:
+    """An EXL3 linear as stored: the trellis (bits per weight), suh, svh and the codebook scalar,
+    both sides padded to whole 128-channel units (EXL3.md §13: MLA's 576-wide kv_a is stored 640)."""
+    k, n = -(-in_features // 128) * 128, -(-out_features // 128) * 128
+    return k * n * bits // 8 + 2 * k + 2 * n + 4 + (2 * out_features if bias else 0)
+
+
+def indexer_layers(config: dict) -> list[bool]:
+    """Which layers run their own DSA indexer (the others reuse the previous selection)."""
+    layers = config["num_hidden_layers"]
+    if "index_topk" not in config:
+        return [False] * layers
+    kinds = config.get("indexer_types")
+    return [kind == "full" for kind in kinds[:layers]] if kinds else [True] * layers
+
+
+def synthetic_modules(config: dict, bits: int, head_bits: int) -> dict[str, int]:
+    """Bytes per module of the model Engine.synthetic makes from `config`."""
+    c = config
+    h = c["hidden_size"]
+    heads = c["num_attention_heads"]
+    bias = bool(c.get("attention_bias"))
+    modules = {"model.embed_tokens": c["vocab_size"] * h * 2, "model.norm": 2 * h, "lm_head": exl3_bytes(h, c["vocab_size"], head_bits)}
+    dense = c.get("mlp_layer_types") or ["dense" if i < c.get("first_k_dense_replace", 0) else "sparse" for i in range(c["num_hidden_layers"])]
+    full_indexer = indexer_layers(c)
+    for i in range(c["num_hidden_layers"]):
+        at = f"model.layers.{i}."
+        modules[at + "input_layernorm"] = modules[at + "post_attention_layernorm"] = 2 * h
+        if "kv_lora_rank" in c:
+            latent, rope, nope, v = c["kv_lora_rank"], c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["v_head_dim"]
+            if c.get("q_lora_rank"):
+                modules[at + "self_attn.q_a_proj"] = exl3_bytes(h, c["q_lora_rank"], bits, bias)
+                modules[at + "self_attn.q_a_layernorm"] = 2 * c["q_lora_rank"]
+                modules[at + "self_attn.q_b_proj"] = exl3_bytes(c["q_lora_rank"], heads * (nope + rope), bits)
+            else:
+                modules[at + "self_attn.q_proj"] = exl3_bytes(h, heads * (nope + rope), bits)
+            modules[at + "self_attn.kv_a_proj_with_mqa"] = exl3_bytes(h, latent + rope, bits, bias)
+            modules[at + "self_attn.kv_a_layernorm"] = 2 * latent
+            modules[at + "self_attn.kv_b_proj"] = 2 * latent * heads * (nope + v)
+            modules[at + "self_attn.o_proj"] = exl3_bytes(heads * v, h, bits, bias)
+            if full_indexer[i]:
+                index_heads, index_dim = c["index_n_heads"], c["index_head_dim"]
+                modules[at + "self_attn.indexer.wq_b"] = exl3_bytes(c["q_lora_rank"], index_heads * index_dim, bits)
+                modules[at + "self_attn.indexer.wk"] = 2 * index_dim * h
+                modules[at + "self_attn.indexer.k_norm"] = 4 * index_dim
+                modules[at + "self_attn.indexer.weights_proj"] = 2 * index_heads * h
+        else:
+            head_dim, kv_heads = c.get("head_dim") or h // heads, c["num_key_value_heads"]
+            modules[at + "self_attn.q_proj"] = exl3_bytes(h, heads * head_dim, bits, bias)
+            modules[at + "self_attn.k_proj"] = exl3_bytes(h, kv_heads * head_dim, bits, bias)
+            modules[at + "self_attn.v_proj"] = exl3_bytes(h, kv_heads * head_dim, bits, bias)
+            modules[at + "self_attn.o_proj"] = exl3_bytes(heads * head_dim, h, bits)
+        if dense[i] == "dense":
+            for name, (k, n) in {"gate_proj": (h, c["intermediate_size"]), "up_proj": (h, c["intermediate_size"]),
+                                 "down_proj": (c["intermediate_size"], h)}.items():
+                modules[at + "mlp." + name] = exl3_bytes(k, n, bits)
+            continue
+        experts, inter = c["n_routed_experts"], c["moe_intermediate_size"]
+        modules[at + "mlp.gate"] = 2 * experts * h + 4 * experts
+        for e in range(experts):
+            for name, (k, n) in {"gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}.items():
+                modules[at + f"mlp.experts.{e}.{name}"] = exl3_bytes(k, n, bits)
+        shared = inter * c.get("n_shared_experts", 1)
+        if shared:
+            for name, (k, n) in {"gate_proj": (h, shared), "up_proj": (h, shared), "down_proj": (shared, h)}.items():
+                modules[at + "mlp.shared_experts." + name] = exl3_bytes(k, n, bits)
+    return modules
+
+
+def expected_experts(experts: int, per_token: int, rows: int) -> float:
+    """Distinct experts `rows` rows pick, each `per_token` of `experts`, under uniform routing."""
+    return experts * (1.0 - (1.0 - per_token / experts) ** rows)
+
+
+def kv_bytes(config: dict, context: int, full_indexer: list[bool]) -> int:
+    """The f32 cache one row's attention reads at `context` positions, every layer."""
+    c = config
+    total = 0
+    for i in range(c["num_hidden_layers"]):
+        if "kv_lora_rank" in c:
+            attended = min(context, c["index_topk"]) if "index_topk" in c else context
+            total += 4 * attended * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+            if full_indexer[i]:
+                total += 4 * context * c["index_head_dim"]
+        else:
+            total += 4 * context * 2 * c["num_key_value_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+    return total
+
+
+def step_bytes(modules: dict[str, int], config: dict, rows: int, context: int) -> float:
+    """Bytes one decode step of `rows` rows at `context` positions each must read."""
+    layers = config["num_hidden_layers"]
+    total = 0.0
+    experts: dict[int, dict[int, int]] = {}
+    for name, size in modules.items():
+        layer = _LAYER.match(name)
+        if layer and int(layer.group(1)) >= layers:
+            continue
+        expert = _EXPERT.match(name)
+        if expert:
+            per_layer = experts.setdefault(int(expert.group(1)), {})
+            per_layer[int(expert.group(2))] = per_layer.get(int(expert.group(2)), 0) + size
+        elif name == "model.embed_tokens":
+            total += rows * size / config["vocab_size"]
+        else:
+            total += size
+    for per_layer in experts.values():
+        total += expected_experts(len(per_layer), config["num_experts_per_tok"], rows) * sum(per_layer.values()) / len(per_layer)
+    full_indexer = [any(name.startswith(f"model.layers.{i}.self_attn.indexer.") for name in modules) for i in range(layers)]
+    return total + rows * kv_bytes(config, context, full_indexer)
