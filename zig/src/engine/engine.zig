@@ -21,45 +21,14 @@ const Diagnostic = core.Diagnostic;
 pub const Error = error{ InvalidArgument, NotFound, OutOfMemory, UnsupportedModel, InvalidConfig, NoConfig } ||
     core.checkpoint.Error || glm.weights.Error || glm.cuda_model.Error || distributed.Error;
 
-pub const Backend = enum(i32) { cpu = 0, cuda = 1 };
-
-pub const Params = extern struct {
-    backend: i32 = 0,
-    sequences_max: u32 = 16,
-    kv_pages: u32 = 0, // 0: enough for every sequence at full context
-    page_tokens: u32 = 16,
-    context_tokens_max: u32 = 0, // 0: the model's max_position_embeddings, capped at 8192
-    rows_max: u32 = 256, // tokens per step (prompt chunks + decode rows)
-    tp_world: u32 = 1, // tensor-parallel ranks inside this process (CPU backend)
-};
-
-pub const Finish = enum(i32) { none = 0, stop = 1, length = 2, cancelled = 3 };
-
-pub const Record = extern struct {
-    sequence_id: u64,
-    token: u32,
-    finish: i32,
-    logprob: f32,
-    top_count: u32,
-    top_tokens: [sampler.top_logprobs_max]u32,
-    top_logprobs: [sampler.top_logprobs_max]f32,
-};
-
-pub const Stats = extern struct {
-    pages_total: u32,
-    pages_free: u32,
-    pages_reserved: u32,
-    sequences_live: u32,
-    sequences_waiting: u32,
-    sequences_max: u32,
-    context_tokens_max: u32,
-    vocab_size: u32,
-    graph_replays: u64,
-    prompt_rows: u64,
-    prompt_layers: u64,
-    gpu_sampled: u64,
-    kv_pairs: u64,
-};
+const params_mod = @import("params.zig");
+pub const Backend = params_mod.Backend;
+pub const Params = params_mod.Params;
+const records_mod = @import("records.zig");
+pub const Finish = records_mod.Finish;
+pub const Record = records_mod.Record;
+pub const Stats = records_mod.Stats;
+pub const runWorker = @import("worker.zig").runWorker;
 
 pub const stop_tokens_max = 64;
 
@@ -172,7 +141,7 @@ pub const Engine = struct {
         const gpa = engine.gpa;
         const model = engine.weights.config;
 
-        engine.params = try resolveParams(requested, model, diag);
+        engine.params = try params_mod.resolve(requested, model, diag);
         const p = engine.params;
         engine.pages = try KvPages.init(gpa, p.kv_pages, p.page_tokens);
         errdefer engine.pages.deinit(gpa);
@@ -666,48 +635,6 @@ fn tpCollective(p: Params) distributed.Collective {
     if (p.backend != @backingInt(Backend.cuda)) return .tcp;
     const choice = std.c.getenv("TRELLISFORGE_TP_COLLECTIVE") orelse return .nccl;
     return if (std.mem.eql(u8, std.mem.span(choice), "tcp")) .tcp else .nccl;
-}
-
-/// A worker rank (> 0) of a multi-process tensor-parallel group: loads its shard of `model_dir`,
-/// joins the master, and runs the forwards it is sent until the master shuts down.
-pub fn runWorker(gpa: std.mem.Allocator, model_dir: []const u8, rank: usize, master: Master, diag: *Diagnostic) Error!void {
-    if (rank == 0) {
-        diag.set("a worker's rank is 1 or more; rank 0 is the engine", .{});
-        return error.InvalidArgument;
-    }
-    var checkpoint = try core.Checkpoint.open(gpa, model_dir, diag);
-    defer checkpoint.deinit();
-    const model_config = checkpoint.config orelse {
-        diag.set("'{s}' has no config.json", .{model_dir});
-        return error.NoConfig;
-    };
-    const model = try glm.Config.parse(&model_config, diag);
-    var weights = try glm.Weights.load(gpa, &checkpoint, model, diag);
-    defer weights.deinit(gpa);
-    const self = try distributed.Rank.initWorker(gpa, &weights, rank, master.host, master.port, diag);
-    defer self.deinit();
-    try self.serve(diag);
-}
-
-fn resolveParams(requested: Params, c: glm.Config, diag: *Diagnostic) Error!Params {
-    var p = requested;
-    if (p.sequences_max == 0 or p.sequences_max > 256) return invalid(diag, "sequences_max must be 1..256", .{});
-    if (p.page_tokens == 0 or p.page_tokens > 1024) return invalid(diag, "page_tokens must be 1..1024", .{});
-    if (p.rows_max == 0 or p.rows_max > 65536) return invalid(diag, "rows_max must be 1..65536", .{});
-    if (p.tp_world == 0) p.tp_world = 1;
-    if (p.tp_world > 16) return invalid(diag, "tp_world must be 1..16", .{});
-    if (p.context_tokens_max == 0) p.context_tokens_max = @intCast(@min(c.max_position_embeddings, 8192));
-    if (p.context_tokens_max < 2 or p.context_tokens_max > c.max_position_embeddings) {
-        return invalid(diag, "context_tokens_max {d} must be 2..{d} (max_position_embeddings)", .{ p.context_tokens_max, c.max_position_embeddings });
-    }
-    const pages_per_sequence = std.math.divCeil(u32, p.context_tokens_max, p.page_tokens) catch unreachable;
-    if (p.kv_pages == 0) p.kv_pages = pages_per_sequence * p.sequences_max;
-    return p;
-}
-
-fn invalid(diag: *Diagnostic, comptime fmt: []const u8, args: anytype) Error {
-    diag.set(fmt, args);
-    return error.InvalidArgument;
 }
 
 var seed_counter: std.atomic.Value(u64) = .init(0x9E3779B97F4A7C15);

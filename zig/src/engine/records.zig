@@ -1,0 +1,31 @@
+//! What a step hands back per sequence and what the engine reports of itself: C ABI structs
+//! (`tf_record`, `tf_engine_stats`), their sizes asserted in c_api.zig.
+const sampler = @import("sampler.zig");
+
+pub const Finish = enum(i32) { none = 0, stop = 1, length = 2, cancelled = 3 };
+
+pub const Record = extern struct {
+    sequence_id: u64,
+    token: u32,
+    finish: i32,
+    logprob: f32,
+    top_count: u32,
+    top_tokens: [sampler.top_logprobs_max]u32,
+    top_logprobs: [sampler.top_logprobs_max]f32,
+};
+
+pub const Stats = extern struct {
+    pages_total: u32,
+    pages_free: u32,
+    pages_reserved: u32,
+    sequences_live: u32,
+    sequences_waiting: u32,
+    sequences_max: u32,
+    context_tokens_max: u32,
+    vocab_size: u32,
+    graph_replays: u64,
+    prompt_rows: u64,
+    prompt_layers: u64,
+    gpu_sampled: u64,
+    kv_pairs: u64,
+};
