@@ -81,13 +81,24 @@ def test_gpu_forward_of_a_synthetic_model_matches_cpu(tiny):
 
 
 def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
-    from trellisforge import bench_engine
-    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3", "--decode-context", "40"])
+    from trellisforge import bench_engine, roofline
+    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3", "--decode-context", "40",
+                       "--bandwidth-gbs", "100"])
     table = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in table if line.split()[:1] in (["prefill"], ["decode"])]
     assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [("prefill", 1, 12), ("decode", 1, 2), ("decode", 4, 8), ("decode", 1, 2)]
-    assert [r[5:] for r in rows] == [["rows_max", "256"]] + [[s, "context", "40"] for s in ("greedy,", "greedy,", "t0.7p0.95,")]
+    assert rows[0][5:] == ["rows_max", "256"]
     assert all(float(r[4]) > 0 for r in rows)
+    # Each decode row: the bytes its steps read at the mean context, the tokens/s 100 GB/s allow
+    # for them, and the measured share of that.
+    config = shape_config("tiny-2l")
+    modules = roofline.synthetic_modules(config, 3, 6)
+    for row, streams, sampling in zip(rows[1:], (1, 4, 1), ("greedy,", "greedy,", "t0.7p0.95,")):
+        assert row[8:] == [sampling, "context", "40"]
+        step = roofline.step_bytes(modules, config, streams, 40 + 3 // 2)
+        assert float(row[5]) == pytest.approx(step / 1e6, abs=0.05)
+        assert float(row[6]) == pytest.approx(streams * 100e9 / step, rel=1e-3)
+        assert float(row[7].rstrip("%")) == pytest.approx(100 * float(row[4]) / float(row[6]), abs=0.1)
 
 
 def test_the_layer_benchmark_runs_on_synthetic_models(capsys):
