@@ -1,4 +1,5 @@
-"""The server on GLM-4.7-Flash (MLA) and GLM-5.x (MLA + DSA) checkpoints, the fixtures of
+"""The server on GLM-4.7-Flash (MLA), GLM-5.x (MLA + DSA) and GLM-5.3-Flash (KDA, pooled DSA,
+hyper-connections) checkpoints, the fixtures of
 ../shared: a completion's text is the engine's greedy continuation of the same tokens, and a chat
 request is templated by the checkpoint's own chat_template.jinja (the prompt the server counts is
 the template's) and answered through the reasoning split."""
@@ -16,7 +17,7 @@ PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Name a prime number."}]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FAMILIES + ["glm5_next"])
 def served(request):
     model = family_or_skip(request.param) / "exl3_3.0bpw"
     with running_server("--model", str(model), "--model-name", request.param, "--max-seqs", "4") as (base, _):

@@ -177,7 +177,8 @@ class Engine:
         return {name: getattr(out, name) for name in (
             "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
             "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
-            "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs")}
+            "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs", "state_bytes_per_sequence",
+            "state_bytes_total")}
 
     # ---- high level ----
 
@@ -254,11 +255,15 @@ def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: i
 
 
 def _eos_token_ids(model_dir: pathlib.Path) -> list[int]:
-    """EOS ids from generation_config.json, else config.json (GLM.md §2.5: a list; stop on any)."""
+    """EOS ids from generation_config.json, else config.json or its text_config (GLM-5.3-Flash
+    nests the text model's fields there) (GLM.md §2.5: a list; stop on any)."""
     for name in ("generation_config.json", "config.json"):
         path = model_dir / name
         if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
+            fields = json.loads(path.read_text())
+            value = fields.get("eos_token_id")
+            if value is None and isinstance(fields.get("text_config"), dict):
+                value = fields["text_config"].get("eos_token_id")
             if value is not None:
                 return _id_list(value)
     return []

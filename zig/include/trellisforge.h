@@ -172,6 +172,8 @@ typedef struct {
     uint64_t prompt_layers;      /* MoE layers whose experts those kernels take (the rest: GEMV) */
     uint64_t gpu_sampled;        /* tokens sampled on the GPU (temperature, top-k/p, min-p rows) */
     uint64_t kv_pairs;           /* attention layers whose k and v projections run as one GPU launch */
+    uint64_t state_bytes_per_sequence; /* recurrent (KDA) state a sequence holds, whatever its length */
+    uint64_t state_bytes_total;  /* that state for every sequence slot, allocated at creation */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

@@ -390,7 +390,7 @@ comptime {
     std.debug.assert(@sizeOf(engine_mod.Params) == 28);
     std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 56);
     std.debug.assert(@sizeOf(engine_mod.Record) == 184);
-    std.debug.assert(@sizeOf(engine_mod.Stats) == 72);
+    std.debug.assert(@sizeOf(engine_mod.Stats) == 88);
 }
 
 const EngineHandle = struct {

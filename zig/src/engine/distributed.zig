@@ -123,7 +123,7 @@ pub const Rank = struct {
         errdefer self.weights.deinit(gpa);
         const c = self.weights.config;
         const on_gpu = shape.backend == 1;
-        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, shape.pages, shape.page_tokens);
+        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, shape.pages, shape.page_tokens, 0);
         errdefer if (self.cache) |*cache| cache.deinit(gpa);
         self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
         errdefer self.scratch.deinit();

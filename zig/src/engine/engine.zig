@@ -130,6 +130,10 @@ pub const Engine = struct {
         defer arena.deinit();
         const model_config = try core.config.ModelConfig.parse(arena.allocator(), config_json, diag);
         const model = try glm.Config.parse(&model_config, diag);
+        if (model.class == .glm5_next) {
+            diag.set("synthetic weights for Glm5NextForConditionalGeneration are not built yet", .{});
+            return error.UnsupportedModel;
+        }
         engine.weights = try glm.synthetic.generate(gpa, model, @intCast(bits), 6, seed);
         errdefer engine.weights.deinit(gpa);
         try engine.initRest(requested, null, diag);
@@ -147,7 +151,7 @@ pub const Engine = struct {
         errdefer engine.pages.deinit(gpa);
         engine.host_cache = null;
         if (p.backend == @backingInt(Backend.cpu) and p.tp_world == 1) {
-            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, p.kv_pages, p.page_tokens);
+            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, p.kv_pages, p.page_tokens, p.sequences_max);
         }
         errdefer if (engine.host_cache) |*cache| cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
@@ -384,6 +388,8 @@ pub const Engine = struct {
             .prompt_layers = if (engine.gpu_model) |model| model.promptLayers() else 0,
             .gpu_sampled = engine.gpu_sampled,
             .kv_pairs = if (engine.gpu_model) |model| model.kvPairs() else 0,
+            .state_bytes_per_sequence = 4 * glm.cache.floatsPerSequence(engine.config()),
+            .state_bytes_total = 4 * glm.cache.floatsPerSequence(engine.config()) * engine.params.sequences_max,
         };
     }
 
@@ -482,6 +488,7 @@ pub const Engine = struct {
             .page_tables = engine.batch_tables[0..rows],
             .logits_rows = engine.logits_rows[0..logits_count],
             .prompt = engine.batch_prompt[0..rows],
+            .sequences = engine.batch_slots[0..rows],
         };
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
         const summaries = engine.summaries[0..logits_count];

@@ -28,4 +28,8 @@ pub const Stats = extern struct {
     prompt_layers: u64,
     gpu_sampled: u64,
     kv_pairs: u64,
+    /// Recurrent state (KDA) one sequence holds whatever its length, and the pool of it allocated
+    /// for every sequence slot at creation (0 for models without it).
+    state_bytes_per_sequence: u64,
+    state_bytes_total: u64,
 };

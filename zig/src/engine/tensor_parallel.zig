@@ -43,7 +43,7 @@ pub const TensorParallel = struct {
             rank.weights = try glm.shard.shard(gpa, full, limits.world, r, diag);
             errdefer rank.weights.deinit(gpa);
             const c = rank.weights.config;
-            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.pages, limits.page_tokens);
+            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.pages, limits.page_tokens, 0);
             errdefer rank.cache.deinit(gpa);
             rank.scratch = try glm.forward_cpu.Scratch.init(gpa, &rank.weights, limits.rows_max, limits.context_max);
             ready += 1;

@@ -10,6 +10,9 @@ pub const Batch = struct {
     /// Which rows are prompt tokens (empty: none). The CPU ignores it; the GPU runs prompt rows
     /// through its tensor-core prompt kernels and generated rows through the GEMV.
     prompt: []const bool = &.{},
+    /// Each row's sequence slot: where a model with recurrent state (KDA) keeps that sequence's.
+    /// Rows of one sequence come together, positions ascending.
+    sequences: []const u32 = &.{},
 
     pub fn rows(batch: *const Batch) usize {
         return batch.tokens.len;

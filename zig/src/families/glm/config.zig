@@ -8,14 +8,18 @@ const fields_mod = @import("config_fields.zig");
 const rope_mod = @import("rope.zig");
 const Diagnostic = core.Diagnostic;
 const Fields = fields_mod.Fields;
+const next_fields = @import("config_next.zig");
 
 pub const Error = fields_mod.Error;
 
 pub const layers_max = 512;
 pub const experts_max = 1024;
 pub const experts_per_token_max = 64;
+pub const kda_head_dim_max = 512; // parts/kda.zig dim_max
+pub const pool_max = 256; // parts/kpool.zig pool_max
+pub const hyper_mult_max = 16; // parts/hyper.zig mult_max
 
-pub const Class = enum { glm4_moe, glm4_moe_lite, glm_moe_dsa };
+pub const Class = enum { glm4_moe, glm4_moe_lite, glm_moe_dsa, glm5_next };
 
 /// Architecture name (config.json `architectures[0]`) to class, and the class's default
 /// routed_scaling_factor in transformers.
@@ -23,10 +27,12 @@ const classes = [_]struct { name: []const u8, class: Class, routed_scaling_defau
     .{ .name = "Glm4MoeForCausalLM", .class = .glm4_moe, .routed_scaling_default = 1.0 },
     .{ .name = "Glm4MoeLiteForCausalLM", .class = .glm4_moe_lite, .routed_scaling_default = 1.8 },
     .{ .name = "GlmMoeDsaForCausalLM", .class = .glm_moe_dsa, .routed_scaling_default = 2.5 },
+    .{ .name = "Glm5NextForConditionalGeneration", .class = .glm5_next, .routed_scaling_default = 2.5 },
 };
-pub const supported_architectures = "Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, GlmMoeDsaForCausalLM";
+pub const supported_architectures = "Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, GlmMoeDsaForCausalLM, Glm5NextForConditionalGeneration";
 
-pub const Attention = enum(u8) { gqa, mla };
+/// kda: GLM-5.3-Flash's linear attention (parts/kda.zig).
+pub const Attention = enum(u8) { gqa, mla, kda };
 pub const Ffn = enum(u8) { dense, moe };
 /// A DSA layer's indexer: its own (full), the last full layer's selection (shared), or none.
 pub const IndexerUse = enum(u8) { none, full, shared };
@@ -65,6 +71,45 @@ pub const Indexer = struct {
     rope_dim: usize,
     /// k_norm is a LayerNorm with transformers' default eps.
     eps: f32 = 1e-6,
+    /// GLM-5.3-Flash scores pools of `pool` consecutive keys (parts/kpool.zig); 0: every key alone.
+    pool: usize = 0,
+    /// With pools: the query's incomplete last pool is attended to as well.
+    pool_tail: bool = true,
+
+    /// The most positions one query attends to.
+    pub fn selectionMax(ix: Indexer) usize {
+        return ix.topk + if (ix.pool > 0 and ix.pool_tail) ix.pool - 1 else 0;
+    }
+};
+
+/// Kimi delta attention, GLM-5.3-Flash's linear attention layers (GLM.md class D).
+pub const Kda = struct {
+    heads: usize = 0,
+    head_dim: usize = 0,
+    conv_kernel: usize = 0,
+    /// The forget gate is lower_bound·sigmoid(·) when set, else -softplus(·) scaled.
+    lower_bound: ?f32 = null,
+
+    pub fn width(k: Kda) usize {
+        return k.heads * k.head_dim;
+    }
+};
+
+/// Manifold-constrained hyper-connections: `mult` residual streams (0: the plain residual).
+pub const Hyper = struct {
+    mult: usize = 0,
+    sinkhorn_iters: usize = 0,
+    eps: f32 = 0,
+
+    /// The mixing logits per site: pre (mult), post (mult), comb (mult²).
+    pub fn mixes(h: Hyper) usize {
+        return (2 + h.mult) * h.mult;
+    }
+
+    /// Residual streams carried per row (1 without hyper-connections).
+    pub fn streams(h: Hyper) usize {
+        return @max(h.mult, 1);
+    }
 };
 
 pub const Config = struct {
@@ -85,6 +130,12 @@ pub const Config = struct {
     attention_scale: f32,
     mla: Mla,
     indexer: Indexer,
+    kda: Kda = .{},
+    hyper: Hyper = .{},
+    /// MLPs clamp gate above and up both sides at it (GLM-5.3-Flash); inf: no clamp.
+    swiglu_limit: f32 = std.math.inf(f32),
+    /// Where the text model's tensors live: "model" (or "model.language_model").
+    prefix: []const u8 = "model",
     vocab_size: usize,
     intermediate_size: usize,
     moe_intermediate_size: usize,
@@ -125,12 +176,13 @@ pub const Config = struct {
             diag.set("unsupported architecture '{s}' (this build runs {s})", .{ model.architecture, supported_architectures });
             return error.UnsupportedModel;
         };
-        const f: Fields = .{ .map = model.root, .diag = diag };
+        const f: Fields = .{ .map = try textFields(model, row.class, diag), .diag = diag };
         try f.checkFunctions();
         var config = try common(f, row.class, row.routed_scaling_default);
         switch (row.class) {
             .glm4_moe => try gqaFields(f, &config),
             .glm4_moe_lite, .glm_moe_dsa => try mlaFields(f, &config),
+            .glm5_next => try next_fields.read(f, &config),
         }
         try layerPlan(f, &config);
         try config.validate(diag);
@@ -141,6 +193,7 @@ pub const Config = struct {
         const c = config;
         const m = c.mla;
         const mla = c.class != .glm4_moe;
+        const next = c.class == .glm5_next;
         const checks = [_]struct { bool, []const u8 }{
             .{ c.hidden_size > 0, "hidden_size must be positive" },
             .{ c.layers > 0 and c.layers <= layers_max, "num_hidden_layers must be 1..512" },
@@ -153,6 +206,17 @@ pub const Config = struct {
             .{ c.class != .glm_moe_dsa or m.q_lora_rank > 0, "GlmMoeDsa needs q_lora_rank (its indexer reads the q latent)" },
             .{ c.class != .glm_moe_dsa or (c.indexer.heads > 0 and c.indexer.topk > 0), "index_n_heads and index_topk must be positive" },
             .{ c.class != .glm_moe_dsa or (c.indexer.head_dim >= c.indexer.rope_dim and c.indexer.head_dim > 0), "index_head_dim must be at least qk_rope_head_dim" },
+            .{ !next or m.q_lora_rank > 0, "Glm5Next needs q_lora_rank (its indexer reads the q latent)" },
+            .{ !next or m.rope_dim == 0, "Glm5Next's attention is NoPE: qk_rope_head_dim must be 0" },
+            .{ !next or c.heads == c.kv_heads, "Glm5Next needs num_key_value_heads == num_attention_heads" },
+            .{ !next or (c.indexer.heads > 0 and c.indexer.head_dim > 0 and c.indexer.pool > 0), "index_n_heads, index_head_dim and index_kpool must be positive" },
+            .{ !next or c.indexer.topk % @max(c.indexer.pool, 1) == 0, "index_topk must be a multiple of index_kpool" },
+            .{ !next or (c.kda.heads > 0 and c.kda.head_dim > 0 and c.kda.conv_kernel > 0), "linear_num_heads, linear_head_dim and linear_conv_kernel_dim must be positive" },
+            .{ !next or (c.hyper.mult > 0 and c.hyper.sinkhorn_iters > 0), "hc_mult and hc_sinkhorn_iters must be positive" },
+            .{ !next or c.swiglu_limit > 0, "swiglu_limit must be positive" },
+            .{ !next or c.kda.head_dim <= kda_head_dim_max, "linear_head_dim must be at most 512" },
+            .{ !next or c.indexer.pool <= pool_max, "index_kpool must be at most 256" },
+            .{ !next or c.hyper.mult <= hyper_mult_max, "hc_mult must be at most 16" },
             .{ c.rope_theta > 0, "rope_theta must be positive" },
             .{ c.rms_norm_eps > 0, "rms_norm_eps must be positive" },
             .{ c.vocab_size > 0, "vocab_size must be positive" },
@@ -259,6 +323,7 @@ fn mlaFields(f: Fields, c: *Config) Error!void {
 /// for DSA the indexer (indexer_types, else transformers' index_topk_freq schedule).
 fn layerPlan(f: Fields, c: *Config) Error!void {
     if (c.layers == 0 or c.layers > layers_max) return f.wrong("num_hidden_layers", "1..512");
+    if (c.class == .glm5_next) return next_fields.layerPlan(f, c);
     var names: [layers_max]u8 = undefined;
     const dense_default: usize = if (c.class == .glm_moe_dsa) 3 else 1;
     const mlp_types = try f.layerList("mlp_layer_types", c.layers, &.{ "dense", "sparse" }, &names);
@@ -271,6 +336,17 @@ fn layerPlan(f: Fields, c: *Config) Error!void {
         p.* = .{ .attention = if (c.class == .glm4_moe) .gqa else .mla, .ffn = if (dense) .dense else .moe };
     }
     if (c.class != .glm_moe_dsa) return;
+    try indexerPlan(f, c);
+    if (c.plan[0].indexer != .full) {
+        f.diag.set("config.json: indexer_types[0] is 'shared', but no earlier layer selects for it", .{});
+        return error.InvalidConfig;
+    }
+}
+
+/// Every layer's indexer use from indexer_types, index_topk_pattern, else transformers'
+/// index_topk_freq / index_skip_topk_offset schedule.
+pub fn indexerPlan(f: Fields, c: *Config) Error!void {
+    var names: [layers_max]u8 = undefined;
     if (try f.layerList("indexer_types", c.layers, &.{ "full", "shared" }, &names)) |kinds| {
         for (c.plan[0..c.layers], kinds) |*p, kind| p.indexer = if (kind == 0) .full else .shared;
     } else if (try indexerPattern(f, c.layers, &names)) |kinds| {
@@ -280,10 +356,17 @@ fn layerPlan(f: Fields, c: *Config) Error!void {
         const offset = try f.size("index_skip_topk_offset", 2);
         for (c.plan[0..c.layers], 0..) |*p, i| p.indexer = if ((i + 1 -| offset) % freq == 0) .full else .shared;
     }
-    if (c.plan[0].indexer != .full) {
-        f.diag.set("config.json: indexer_types[0] is 'shared', but no earlier layer selects for it", .{});
+}
+
+/// The object a class's fields live in: GLM-5.3-Flash nests its text model's under `text_config`.
+fn textFields(model: *const core.config.ModelConfig, class: Class, diag: *Diagnostic) Error!std.json.ObjectMap {
+    if (class != .glm5_next) return model.root;
+    const text = model.root.get("text_config") orelse return model.root;
+    if (text != .object) {
+        diag.set("config.json: 'text_config' is not an object", .{});
         return error.InvalidConfig;
     }
+    return text.object;
 }
 
 /// transformers' `index_topk_pattern`: a string of F (full) and S (shared) per layer, or a list of

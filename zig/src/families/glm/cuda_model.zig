@@ -192,6 +192,10 @@ pub const GpuModel = struct {
             return error.UnsupportedModel;
         }
         const c = weights.config;
+        if (c.class == .glm5_next) {
+            diag.set("the CUDA backend does not run Glm5NextForConditionalGeneration (KDA, hyper-connections) yet: use the cpu backend", .{});
+            return error.UnsupportedModel;
+        }
         try gqa_cuda.checkShape(&c, diag);
         try mla_cuda.checkShape(&c, diag);
         model.gpu = try cuda.Gpu.open(limits.device, diag);
@@ -271,6 +275,7 @@ pub const GpuModel = struct {
                 .attention = switch (block.attention) {
                     .gqa => |*part| .{ .gqa = try gqa_cuda.upload(model, part, diag) },
                     .mla => |*part| .{ .mla = try mla_cuda.upload(model, part, diag) },
+                    .kda => unreachable, // init refuses the class
                 },
                 .ffn = switch (block.ffn) {
                     .dense => |*part| .{ .dense = try model.uploadMlp(part, diag) },

@@ -77,6 +77,14 @@ pub const Loader = struct {
         return try loader.arena.dupe(f32, values);
     }
 
+    /// A (a, b, c) tensor as f32 in the weights' arena.
+    pub fn matrix3(loader: *Loader, tensor_name: []const u8, a: usize, b: usize, c: usize) Error![]f32 {
+        const tensor = try loader.require(tensor_name);
+        const values = try linear_mod.widen(loader.gpa, tensor, &.{ a, b, c }, loader.diag);
+        defer loader.gpa.free(values);
+        return try loader.arena.dupe(f32, values);
+    }
+
     /// The projection at `prefix`, remembered so that a failure later in the load frees it.
     pub fn linear(loader: *Loader, prefix: []const u8, in_features: usize, out_features: usize, bias: Bias) Error!Linear {
         var result = try linear_mod.load(loader.gpa, loader.checkpoint, prefix, in_features, out_features, loader.diag);
@@ -101,7 +109,7 @@ pub const Loader = struct {
 
     pub fn checkAllClaimed(loader: *Loader) Error!void {
         for (loader.checkpoint.tensors, loader.claimed) |tensor, claimed| {
-            if (claimed or isSkipped(tensor.name, loader.config.layers)) continue;
+            if (claimed or isSkipped(tensor.name, loader.config.prefix, loader.config.layers)) continue;
             loader.diag.set("unexpected tensor '{s}' (no part of a {t} model uses it)", .{ tensor.name, loader.config.class });
             return error.UnexpectedTensor;
         }
@@ -114,19 +122,26 @@ pub fn join(buffer: []u8, prefix: []const u8, suffix: []const u8) []const u8 {
     return std.fmt.bufPrint(buffer, "{s}.{s}", .{ prefix, suffix }) catch unreachable;
 }
 
-/// The MTP layer (index = num_hidden_layers and beyond) and rotary caches are not model weights.
-fn isSkipped(tensor_name: []const u8, layers: usize) bool {
+/// The MTP layer (index = num_hidden_layers and beyond), rotary caches and a multimodal
+/// checkpoint's vision tower are not weights of the text model.
+fn isSkipped(tensor_name: []const u8, model_prefix: []const u8, layers: usize) bool {
     if (std.mem.endsWith(u8, tensor_name, ".rotary_emb.inv_freq")) return true;
-    const prefix = "model.layers.";
-    if (!std.mem.startsWith(u8, tensor_name, prefix)) return false;
-    const rest = tensor_name[prefix.len..];
+    if (std.mem.startsWith(u8, tensor_name, "model.visual.")) return true;
+    if (!std.mem.startsWith(u8, tensor_name, model_prefix)) return false;
+    const after = tensor_name[model_prefix.len..];
+    const prefix = ".layers.";
+    if (!std.mem.startsWith(u8, after, prefix)) return false;
+    const rest = after[prefix.len..];
     const end = std.mem.indexOfScalar(u8, rest, '.') orelse return false;
     const layer = std.fmt.parseInt(usize, rest[0..end], 10) catch return false;
     return layer >= layers;
 }
 
 test "MTP layers are skipped, others are not" {
-    try std.testing.expect(isSkipped("model.layers.46.eh_proj.weight", 46));
-    try std.testing.expect(!isSkipped("model.layers.45.mlp.gate.weight", 46));
-    try std.testing.expect(!isSkipped("model.extra.weight", 46));
+    try std.testing.expect(isSkipped("model.layers.46.eh_proj.weight", "model", 46));
+    try std.testing.expect(!isSkipped("model.layers.45.mlp.gate.weight", "model", 46));
+    try std.testing.expect(!isSkipped("model.extra.weight", "model", 46));
+    try std.testing.expect(isSkipped("model.language_model.layers.8.eh_proj.trellis", "model.language_model", 8));
+    try std.testing.expect(isSkipped("model.visual.blocks.0.attn.k_proj.trellis", "model.language_model", 8));
+    try std.testing.expect(!isSkipped("model.language_model.layers.7.hc_attn_fn", "model.language_model", 8));
 }

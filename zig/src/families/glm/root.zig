@@ -1,7 +1,8 @@
 //! The GLM family: config (which class, which parts per layer), weights by part, the CPU forward
 //! composed from the parts, its CUDA counterpart, tensor-parallel shards and synthetic weights.
 //! Classes: A `Glm4MoeForCausalLM` (GQA), B `Glm4MoeLiteForCausalLM` (MLA), C
-//! `GlmMoeDsaForCausalLM` (MLA + the DSA indexer).
+//! `GlmMoeDsaForCausalLM` (MLA + the DSA indexer), D `Glm5NextForConditionalGeneration` (KDA,
+//! NoPE MLA + the pooled DSA indexer, hyper-connections; CPU only so far).
 pub const config = @import("config.zig");
 pub const Config = config.Config;
 pub const linear = @import("linear.zig");
@@ -16,6 +17,9 @@ pub const parts = struct {
     pub const gqa = @import("parts/gqa.zig");
     pub const mla = @import("parts/mla.zig");
     pub const dsa = @import("parts/dsa.zig");
+    pub const kpool = @import("parts/kpool.zig");
+    pub const kda = @import("parts/kda.zig");
+    pub const hyper = @import("parts/hyper.zig");
     pub const mlp = @import("parts/mlp.zig");
     pub const moe = @import("parts/moe.zig");
     pub const router = @import("parts/router.zig");
@@ -37,6 +41,10 @@ test {
     _ = parts.gqa;
     _ = parts.mla;
     _ = parts.dsa;
+    _ = parts.kpool;
+    _ = parts.kda;
+    _ = parts.hyper;
+    _ = @import("config_next.zig");
     _ = parts.mlp;
     _ = parts.moe;
     _ = parts.router;

@@ -30,6 +30,10 @@ pub const Error = error{ OutOfMemory, UnsupportedModel };
 /// Rank `rank`'s weights. Norms, router and embedding are views into `full`, which must outlive it.
 pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: usize, rank: usize, diag: *Diagnostic) Error!weights_mod.Weights {
     const c = full.config;
+    if (c.class == .glm5_next) {
+        diag.set("tensor parallelism does not shard Glm5NextForConditionalGeneration (KDA, hyper-connections) yet: run it with tp 1", .{});
+        return error.UnsupportedModel;
+    }
     if (c.heads % world != 0 or c.kv_heads % world != 0) {
         diag.set("tensor parallelism {d} needs the {d} attention heads and {d} KV heads to divide evenly", .{ world, c.heads, c.kv_heads });
         return error.UnsupportedModel;
@@ -43,6 +47,7 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
     const attention_exl3 = for (full.blocks) |block| switch (block.attention) {
         .gqa => |*a| if (a.q.kind == .exl3 or a.k.kind == .exl3 or a.o.kind == .exl3) break true,
         .mla => |*a| if (a.o.kind == .exl3 or a.kv_b.kind == .exl3 or (a.q_b orelse a.q.?).kind == .exl3) break true,
+        .kda => unreachable, // refused above
     } else false;
     if (attention_exl3 and !aligned) {
         diag.set("tensor parallelism {d} would cut a 128-channel EXL3 block: {d} heads of {d} dims per rank", .{ world, c.heads / world, c.head_dim });
@@ -79,6 +84,7 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
                     .k_norm = a.k_norm,
                 } },
                 .mla => |*a| .{ .mla = try shardMla(&cleanup, arena, c, a, world, rank) },
+                .kda => unreachable, // refused above
             },
             .ffn = switch (source.ffn) {
                 .dense => |*mlp| .{ .dense = try shardMlp(&cleanup, mlp, world, rank) },

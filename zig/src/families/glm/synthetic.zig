@@ -12,7 +12,7 @@ const Config = @import("config.zig").Config;
 const Mlp = @import("parts/mlp.zig").Mlp;
 const Mla = @import("parts/mla.zig").Mla;
 
-pub const Error = error{OutOfMemory};
+pub const Error = error{ OutOfMemory, UnsupportedModel };
 
 pub fn generate(gpa: std.mem.Allocator, c: Config, bits: u4, head_bits: u4, seed: u64) Error!weights_mod.Weights {
     var prng = std.Random.DefaultPrng.init(seed);
@@ -49,6 +49,7 @@ pub fn generate(gpa: std.mem.Allocator, c: Config, bits: u4, head_bits: u4, seed
                     .k_norm = if (c.qk_norm) try maker.values(c.head_dim, 1.0, 0.05) else null,
                 } },
                 .mla => .{ .mla = try maker.mla(&c, layer, bits) },
+                .kda => return error.UnsupportedModel, // engine.initSynthetic says why
             },
             .ffn = undefined,
         };

@@ -10,6 +10,8 @@ const loader_mod = @import("loader.zig");
 const Config = @import("config.zig").Config;
 const Gqa = @import("parts/gqa.zig").Gqa;
 const Mla = @import("parts/mla.zig").Mla;
+const Kda = @import("parts/kda.zig").Kda;
+const hyper = @import("parts/hyper.zig");
 const Mlp = @import("parts/mlp.zig").Mlp;
 const Moe = @import("parts/moe.zig").Moe;
 const Linear = linear_mod.Linear;
@@ -18,7 +20,9 @@ const Tensor = core.safetensors.Tensor;
 
 pub const Error = loader_mod.Error;
 
-pub const Attention = union(enum) { gqa: Gqa, mla: Mla };
+pub const Attention = union(enum) { gqa: Gqa, mla: Mla, kda: Kda };
+/// The hyper-connection sites of a layer (GLM-5.3-Flash), before attention and before the FFN.
+pub const HyperSites = struct { attn: hyper.Site, ffn: hyper.Site };
 pub const Ffn = union(enum) { dense: Mlp, moe: Moe };
 
 pub const Block = struct {
@@ -26,6 +30,8 @@ pub const Block = struct {
     post_attention_norm: []f32,
     attention: Attention,
     ffn: Ffn,
+    /// null: the plain residual.
+    hyper: ?HyperSites = null,
 
     fn deinit(block: *Block, gpa: std.mem.Allocator) void {
         switch (block.attention) {
@@ -100,7 +106,7 @@ pub const Weights = struct {
         weights.embedding = .{ .tensor = try embeddingTensor(&loader) };
         weights.blocks = try loader.arena.alloc(Block, config.layers);
         for (weights.blocks, 0..) |*block, layer| block.* = try loadBlock(&loader, layer);
-        weights.norm = try loader.vector("model.norm.weight", config.hidden_size);
+        weights.norm = try loader.vector(loader.name("{s}.norm.weight", .{config.prefix}), config.hidden_size);
         weights.lm_head = try lmHead(&loader);
         try loader.checkAllClaimed();
         return weights;
@@ -124,7 +130,7 @@ pub const Weights = struct {
 fn loadBlock(loader: *loader_mod.Loader, layer: usize) Error!Block {
     const c = loader.config;
     var buffer: [128]u8 = undefined;
-    const p = std.fmt.bufPrint(&buffer, "model.layers.{d}", .{layer}) catch unreachable;
+    const p = std.fmt.bufPrint(&buffer, "{s}.layers.{d}", .{ c.prefix, layer }) catch unreachable;
     var part_buffer: [160]u8 = undefined;
     var block: Block = undefined;
     block.input_norm = try loader.vector(loader.name("{s}.input_layernorm.weight", .{p}), c.hidden_size);
@@ -133,7 +139,9 @@ fn loadBlock(loader: *loader_mod.Loader, layer: usize) Error!Block {
     block.attention = switch (c.plan[layer].attention) {
         .gqa => .{ .gqa = try Gqa.load(loader, attention) },
         .mla => .{ .mla = try Mla.load(loader, attention, layer) },
+        .kda => .{ .kda = try Kda.load(loader, attention) },
     };
+    block.hyper = if (c.hyper.mult > 0) .{ .attn = try hyper.Site.load(loader, p, "attn"), .ffn = try hyper.Site.load(loader, p, "ffn") } else null;
     const mlp = loader_mod.join(&part_buffer, p, "mlp");
     block.ffn = switch (c.plan[layer].ffn) {
         .dense => .{ .dense = try Mlp.load(loader, mlp, c.intermediate_size) },
@@ -144,12 +152,12 @@ fn loadBlock(loader: *loader_mod.Loader, layer: usize) Error!Block {
 
 fn embeddingTensor(loader: *loader_mod.Loader) Error!*const Tensor {
     const c = loader.config;
-    const tensor = try loader.require("model.embed_tokens.weight");
+    const tensor = try loader.require(loader.name("{s}.embed_tokens.weight", .{c.prefix}));
     const shape = tensor.shape();
     const ok = shape.len == 2 and shape[0] == c.vocab_size and shape[1] == c.hidden_size and
         (tensor.dtype == .f32 or tensor.dtype == .f16 or tensor.dtype == .bf16);
     if (!ok) {
-        loader.diag.set("tensor 'model.embed_tokens.weight': {s} {any}, expected F32/F16/BF16 [{d}, {d}]", .{ tensor.dtype.name(), shape, c.vocab_size, c.hidden_size });
+        loader.diag.set("tensor '{s}': {s} {any}, expected F32/F16/BF16 [{d}, {d}]", .{ tensor.name, tensor.dtype.name(), shape, c.vocab_size, c.hidden_size });
         return error.InvalidWeights;
     }
     return tensor;

@@ -88,7 +88,7 @@ const Job = struct {
         const order = s.order[worker * s.context_max ..][0..s.context_max];
         for (begin..end) |r| {
             const length = job.batch.positions[r] + 1;
-            const selected = s.selected[r * ix.topk ..][0..ix.topk];
+            const selected = s.selected[r * s.stride ..][0..ix.topk];
             if (length <= ix.topk) {
                 for (selected[0..length], 0..) |*p, t| p.* = @intCast(t);
                 s.counts[r] = @intCast(length);
@@ -119,21 +119,27 @@ const Job = struct {
     }
 };
 
-/// The indexer keys of full-indexer layers on the host: (pages, layers, page_tokens, head_dim).
+/// The indexer keys of full-indexer layers on the host: (pages, layers, page_tokens, width), width
+/// head_dim, or 2·head_dim for pooled indexers (kpool.zig: key, then gate scores).
 pub const Cache = struct {
     layers: usize,
-    head_dim: usize,
+    width: usize,
     page_tokens: usize,
     pages: usize,
     keys: []f32,
 
+    pub fn widthOf(c: *const Config) usize {
+        return c.indexer.head_dim * @as(usize, if (c.indexer.pool > 0) 2 else 1);
+    }
+
     pub fn floatsPerToken(c: *const Config) usize {
-        return c.countOf("indexer", .full) * c.indexer.head_dim;
+        return c.countOf("indexer", .full) * widthOf(c);
     }
 
     pub fn init(gpa: std.mem.Allocator, c: *const Config, pages: usize, page_tokens: usize) error{OutOfMemory}!Cache {
         const layers = c.countOf("indexer", .full);
-        return .{ .layers = layers, .head_dim = c.indexer.head_dim, .page_tokens = page_tokens, .pages = pages, .keys = try gpa.alloc(f32, pages * layers * page_tokens * c.indexer.head_dim) };
+        const width = widthOf(c);
+        return .{ .layers = layers, .width = width, .page_tokens = page_tokens, .pages = pages, .keys = try gpa.alloc(f32, pages * layers * page_tokens * width) };
     }
 
     pub fn deinit(cache: *Cache, gpa: std.mem.Allocator) void {
@@ -142,7 +148,7 @@ pub const Cache = struct {
 
     pub fn offset(cache: *const Cache, page: u32, layer: usize, slot: usize) usize {
         std.debug.assert(page < cache.pages and layer < cache.layers and slot < cache.page_tokens);
-        return ((@as(usize, page) * cache.layers + layer) * cache.page_tokens + slot) * cache.head_dim;
+        return ((@as(usize, page) * cache.layers + layer) * cache.page_tokens + slot) * cache.width;
     }
 };
 
@@ -153,10 +159,12 @@ pub const Scratch = struct {
     weights: []f32, // (rows, heads)
     scores: []f32, // (threads, context_max)
     order: []u32, // (threads, context_max)
-    /// Each row's selected positions, ascending (rows, topk), and how many: filled by the last
+    /// Each row's selected positions, ascending (rows, stride), and how many: filled by the last
     /// full layer, read by it and the shared layers after it.
     selected: []u32,
     counts: []u32,
+    stride: usize,
+    pool_key: []f32, // (threads, head_dim)
     cos_sin: []const f32,
 
     pub fn init(arena: std.mem.Allocator, c: *const Config, rows_max: usize, context_max: usize, cos_sin: []const f32) error{OutOfMemory}!Scratch {
@@ -169,14 +177,16 @@ pub const Scratch = struct {
             .weights = try arena.alloc(f32, rows_max * ix.heads),
             .scores = try arena.alloc(f32, threads * context_max),
             .order = try arena.alloc(u32, threads * context_max),
-            .selected = try arena.alloc(u32, rows_max * ix.topk),
+            .selected = try arena.alloc(u32, rows_max * ix.selectionMax()),
             .counts = try arena.alloc(u32, rows_max),
+            .stride = ix.selectionMax(),
+            .pool_key = try arena.alloc(f32, threads * ix.head_dim),
             .cos_sin = cos_sin,
         };
     }
 
     /// Row r's positions to attend to.
-    pub fn positions(scratch: *const Scratch, topk: usize, r: usize) []const u32 {
-        return scratch.selected[r * topk ..][0..scratch.counts[r]];
+    pub fn positions(scratch: *const Scratch, r: usize) []const u32 {
+        return scratch.selected[r * scratch.stride ..][0..scratch.counts[r]];
     }
 };

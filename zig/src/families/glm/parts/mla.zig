@@ -17,6 +17,7 @@ const config_mod = @import("../config.zig");
 const Linear = @import("../linear.zig").Linear;
 const Batch = @import("../batch.zig").Batch;
 const dsa = @import("dsa.zig");
+const kpool = @import("kpool.zig");
 const rope = @import("../rope.zig");
 const ops = @import("../ops.zig");
 const dot = @import("../linear.zig").dot;
@@ -36,6 +37,8 @@ pub const Mla = struct {
     kv_b_dense: []f32,
     o: Linear,
     indexer: ?dsa.Indexer,
+    /// GLM-5.3-Flash's indexer over pooled keys, in place of `indexer`.
+    pooled: ?kpool.Indexer = null,
 
     pub fn load(loader: *loader_mod.Loader, prefix: []const u8, layer: usize) loader_mod.Error!Mla {
         const c = loader.config;
@@ -60,10 +63,15 @@ pub const Mla = struct {
         result.kv_b = try loader.linear(name(&buffer, prefix, "kv_b_proj"), m.kv_lora_rank, c.heads * (m.nope_dim + m.v_dim), .none);
         result.kv_b_dense = try denseRows(loader, &result.kv_b);
         result.o = try loader.linear(name(&buffer, prefix, "o_proj"), c.heads * m.v_dim, c.hidden_size, bias);
-        result.indexer = switch (c.plan[layer].indexer) {
-            .full => try dsa.Indexer.load(loader, name(&buffer, prefix, "indexer")),
-            .none, .shared => null,
-        };
+        result.indexer = null;
+        result.pooled = null;
+        if (c.plan[layer].indexer == .full) {
+            if (c.indexer.pool > 0) {
+                result.pooled = try kpool.Indexer.load(loader, name(&buffer, prefix, "indexer"));
+            } else {
+                result.indexer = try dsa.Indexer.load(loader, name(&buffer, prefix, "indexer"));
+            }
+        }
         return result;
     }
 
@@ -73,6 +81,7 @@ pub const Mla = struct {
         mla.kv_b.deinit(gpa);
         mla.o.deinit(gpa);
         if (mla.indexer) |*indexer| indexer.deinit(gpa);
+        if (mla.pooled) |*indexer| indexer.deinit(gpa);
     }
 
     pub fn scratchLength(mla: *const Mla, rows: usize) usize {
@@ -81,6 +90,7 @@ pub const Mla = struct {
             length = @max(length, l.scratchLength(rows));
         };
         if (mla.indexer) |*indexer| length = @max(length, indexer.scratchLength(rows));
+        if (mla.pooled) |*indexer| length = @max(length, indexer.scratchLength(rows));
         return length;
     }
 
@@ -114,7 +124,10 @@ pub const Mla = struct {
             @memcpy(cache.latent[slot..][0..m.cacheWidth()], row);
         }
         switch (plan.indexer) {
-            .full => mla.indexer.?.select(c, at.index, caches.index.?, batch, x, q_latent, scratch.dsa.?, linear_scratch),
+            .full => if (mla.pooled) |*pooled|
+                pooled.select(c, at.index, caches.index.?, batch, x, q_latent, scratch.dsa.?, linear_scratch)
+            else
+                mla.indexer.?.select(c, at.index, caches.index.?, batch, x, q_latent, scratch.dsa.?, linear_scratch),
             .shared, .none => {},
         }
         const job: Job = .{ .config = c, .mla = mla, .layer = at.mla, .cache = cache, .batch = batch, .scratch = scratch, .sparse = plan.indexer != .none };
@@ -178,8 +191,15 @@ const Job = struct {
                 for (q_lat, weight_row) |*l, w| l.* += query[i] * w;
             }
             const length = job.batch.positions[r] + 1;
-            const positions: []const u32 = if (job.sparse) s.dsa.?.positions(c.indexer.topk, r) else &.{};
+            const positions: []const u32 = if (job.sparse) s.dsa.?.positions(r) else &.{};
             const count = if (job.sparse) positions.len else length;
+            const out = s.attention[(r * c.heads + h) * m.v_dim ..][0..m.v_dim];
+            if (count == 0) {
+                // A pooled selection without its tail can be empty (the first pool-1 positions):
+                // transformers' SDPA attends to nothing there and returns zeros.
+                @memset(out, 0);
+                continue;
+            }
             const table = job.batch.page_tables[r];
             var max_score: f32 = -std.math.inf(f32);
             for (0..count) |i| {
@@ -200,7 +220,6 @@ const Job = struct {
                 const p = scores[i] / total;
                 for (lat_out, row) |*o, value| o.* += p * value;
             }
-            const out = s.attention[(r * c.heads + h) * m.v_dim ..][0..m.v_dim];
             for (out, 0..) |*o, j| o.* = dot(w_head[(m.nope_dim + j) * m.kv_lora_rank ..][0..m.kv_lora_rank], lat_out);
         }
     }

@@ -1,5 +1,6 @@
 //! The dense MLP (GLM.md §3.7), also the shape of every routed and shared expert:
-//! down(SiLU(gate(x)) ⊙ up(x)), no biases.
+//! down(SiLU(gate(x)) ⊙ up(x)), no biases; GLM-5.3-Flash clamps gate above and up on both sides at
+//! swiglu_limit first.
 const std = @import("std");
 const loader_mod = @import("../loader.zig");
 const Linear = @import("../linear.zig").Linear;
@@ -9,6 +10,7 @@ pub const Mlp = struct {
     gate: Linear,
     up: Linear,
     down: Linear,
+    limit: f32 = std.math.inf(f32),
 
     pub fn load(loader: *loader_mod.Loader, prefix: []const u8, intermediate: usize) loader_mod.Error!Mlp {
         var buffer: [256]u8 = undefined;
@@ -17,6 +19,7 @@ pub const Mlp = struct {
             .gate = try loader.linear(loader_mod.join(&buffer, prefix, "gate_proj"), hidden, intermediate, .none),
             .up = try loader.linear(loader_mod.join(&buffer, prefix, "up_proj"), hidden, intermediate, .none),
             .down = try loader.linear(loader_mod.join(&buffer, prefix, "down_proj"), intermediate, hidden, .none),
+            .limit = loader.config.swiglu_limit,
         };
     }
 
@@ -37,7 +40,11 @@ pub const Mlp = struct {
         const up = buffers.up[0 .. rows * intermediate];
         mlp.gate.forward(rows, x, gate, buffers.linear);
         mlp.up.forward(rows, x, up, buffers.linear);
-        for (gate, up) |*g, u| g.* = ops.silu(g.*) * u;
+        if (std.math.isInf(mlp.limit)) {
+            for (gate, up) |*g, u| g.* = ops.silu(g.*) * u;
+        } else {
+            for (gate, up) |*g, u| g.* = ops.silu(@min(g.*, mlp.limit)) * std.math.clamp(u, -mlp.limit, mlp.limit);
+        }
         mlp.down.forward(rows, gate, out, buffers.linear);
     }
 };
