@@ -70,6 +70,14 @@ def test_a_list_of_prompts_gets_a_choice_per_prompt(server):
     ("/v1/completions", {"prompt": ["a", [5]]}, 400, "prompt", "invalid_value"),
     ("/v1/completions", {"prompt": ["a"] * 17}, 400, "prompt", "invalid_value"),
     ("/v1/completions", {"prompt": "a", "stop": [str(i) for i in range(17)]}, 400, "stop", "invalid_value"),
+    # Image and video parts: refused by name (a text model serves here), whatever else the message holds.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     400, "messages.0.content.1", "unsupported_content"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}]}]}, 400, "messages.1.content.0", "unsupported_content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "messages.0.content.0.text",
+     None),
 ])
 def test_clear_client_errors(server, endpoint, body, status, param, code):
     base, _ = server

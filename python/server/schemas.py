@@ -29,9 +29,15 @@ class ToolCallIn(Strict):
     function: FunctionCall
 
 
-class ContentPart(Strict):
-    type: Literal["text"]
-    text: str
+# Content parts the OpenAI API defines that are not text: accepted by the schema so that the route can
+# say why it refuses them (this server runs text models; GLM-5.3-Flash's vision tower is not run).
+MEDIA_PARTS = ("image_url", "input_image", "video_url", "input_audio", "file")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "image_url", "input_image", "video_url", "input_audio", "file"]
+    text: str | None = None
 
 
 class Message(Strict):
@@ -47,7 +53,15 @@ class Message(Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
+
+    def media_part(self) -> int | None:
+        """The index of the first content part that is not text, if any."""
+        if isinstance(self.content, list):
+            for j, part in enumerate(self.content):
+                if part.type != "text":
+                    return j
+        return None
 
 
 class FunctionDef(Strict):

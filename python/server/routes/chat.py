@@ -47,6 +47,15 @@ def template_messages(body: ChatCompletionRequest) -> list[dict]:
     templates render them as <|observation|>), assistant tool calls with parsed arguments."""
     out = []
     for i, message in enumerate(body.messages):
+        media = message.media_part()
+        if media is not None:
+            where = f"messages.{i}.content.{media}"
+            kind = message.content[media].type
+            raise ApiError(400, f"{where}: {kind} content is not supported: this server runs the text model", param=where,
+                           code="unsupported_content")
+        for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+            if part.text is None:
+                raise ApiError(400, f"messages.{i}.content.{j}: a text part needs 'text'", param=f"messages.{i}.content.{j}.text")
         item: dict = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
         if message.reasoning_content:
             item["reasoning_content"] = message.reasoning_content
