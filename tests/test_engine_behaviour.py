@@ -183,8 +183,8 @@ def test_config_missing_a_field_is_named(tmp_path, model_dir):
 
 
 def test_unsupported_architecture_is_named(tmp_path, model_dir):
-    target = copy_with_config(tmp_path, model_dir, lambda c: c.update(architectures=["Glm5NextForConditionalGeneration"]))
-    with pytest.raises(TrellisError, match="unsupported architecture .Glm5NextForConditionalGeneration.") as caught:
+    target = copy_with_config(tmp_path, model_dir, lambda c: c.update(architectures=["KimiLinearForCausalLM"]))
+    with pytest.raises(TrellisError, match="unsupported architecture .KimiLinearForCausalLM.") as caught:
         trellisforge.Engine(target)
     assert caught.value.status_name == "unsupported"
 

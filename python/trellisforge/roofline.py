@@ -9,7 +9,10 @@ routed experts count as often as the distinct experts a step's rows are expected
 uniform routing, E·(1 − (1 − k/E)^rows); the embedding counts one row per row; multi-token
 prediction layers past num_hidden_layers are not run. The KV cache counts what the engine's f32
 cache holds for each row's context: GQA's k and v, MLA's latent and rope key (a DSA layer reads its
-index_topk selection, and a layer with its own indexer also every position's index key).
+index_topk selection, and a layer with its own indexer also every position's index key). GLM-5.3-Flash
+(`glm5_next`): its KDA layers read and write each row's f32 state (heads x 128 x 128), its NoPE MLA
+rows are 576 floats on the GPU as for the other classes, a pooled indexer reads every position's key
+and gate scores, and the hyper-connection sites read their f32 mixing matrices.
 Everything else (norms, routers, biases, shared experts, lm_head) is read once per step."""
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import re
 
 from . import safetensors_io
 
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+_LAYER = re.compile(r"model\.(?:language_model\.)?layers\.(\d+)\.")
+_EXPERT = re.compile(r"model\.(?:language_model\.)?layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
 def checkpoint_modules(model_dir: str | pathlib.Path) -> dict[str, int]:
@@ -64,10 +67,22 @@ def synthetic_modules(config: dict, bits: int, head_bits: int) -> dict[str, int]
     modules = {"model.embed_tokens": c["vocab_size"] * h * 2, "model.norm": 2 * h, "lm_head": exl3_bytes(h, c["vocab_size"], head_bits)}
     dense = c.get("mlp_layer_types") or ["dense" if i < c.get("first_k_dense_replace", 0) else "sparse" for i in range(c["num_hidden_layers"])]
     full_indexer = indexer_layers(c)
+    next_class = c.get("model_type") == "glm5_next"
     for i in range(c["num_hidden_layers"]):
         at = f"model.layers.{i}."
         modules[at + "input_layernorm"] = modules[at + "post_attention_layernorm"] = 2 * h
-        if "kv_lora_rank" in c:
+        if next_class:
+            mixes = (2 + c["hc_mult"]) * c["hc_mult"]
+            modules[at + "hc_attn"] = modules[at + "hc_ffn"] = 4 * mixes * (c["hc_mult"] * h + 1) + 12
+        if next_class and linear_attention(c)[i]:
+            width, head_dim = c["linear_num_heads"] * c["linear_head_dim"], c["linear_head_dim"]
+            modules[at + "self_attn.qkv_proj"] = exl3_bytes(h, 3 * width, bits)
+            modules[at + "self_attn.conv1d"] = 4 * 3 * width * c["linear_conv_kernel_dim"]
+            for name, (k, n) in {"f_a_proj": (h, head_dim), "f_b_proj": (head_dim, width), "g_a_proj": (h, head_dim),
+                                 "g_b_proj": (head_dim, width), "b_proj": (h, c["linear_num_heads"])}.items():
+                modules[at + "self_attn." + name] = 4 * k * n  # f32 in the synthetic model
+            modules[at + "self_attn.o_proj"] = exl3_bytes(width, h, bits)
+        elif "kv_lora_rank" in c:
             latent, rope, nope, v = c["kv_lora_rank"], c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["v_head_dim"]
             if c.get("q_lora_rank"):
                 modules[at + "self_attn.q_a_proj"] = exl3_bytes(h, c["q_lora_rank"], bits, bias)
@@ -85,6 +100,8 @@ def synthetic_modules(config: dict, bits: int, head_bits: int) -> dict[str, int]
                 modules[at + "self_attn.indexer.wk"] = 2 * index_dim * h
                 modules[at + "self_attn.indexer.k_norm"] = 4 * index_dim
                 modules[at + "self_attn.indexer.weights_proj"] = 2 * index_heads * h
+                if next_class:
+                    modules[at + "self_attn.indexer.index_kpool_compress_gate"] = 4 * index_dim * h
         else:
             head_dim, kv_heads = c.get("head_dim") or h // heads, c["num_key_value_heads"]
             modules[at + "self_attn.q_proj"] = exl3_bytes(h, heads * head_dim, bits, bias)
@@ -108,6 +125,13 @@ def synthetic_modules(config: dict, bits: int, head_bits: int) -> dict[str, int]
     return modules
 
 
+def linear_attention(config: dict) -> list[bool]:
+    """GLM-5.3-Flash's KDA layers: layer_types, else every layer but each fourth."""
+    kinds = config.get("layer_types")
+    layers = config["num_hidden_layers"]
+    return [kind == "linear_attention" for kind in kinds[:layers]] if kinds else [i % 4 != 3 for i in range(layers)]
+
+
 def expected_experts(experts: int, per_token: int, rows: int) -> float:
     """Distinct experts `rows` rows pick, each `per_token` of `experts`, under uniform routing."""
     return experts * (1.0 - (1.0 - per_token / experts) ** rows)
@@ -117,8 +141,16 @@ def kv_bytes(config: dict, context: int, full_indexer: list[bool]) -> int:
     """The f32 cache one row's attention reads at `context` positions, every layer."""
     c = config
     total = 0
+    next_class = c.get("model_type") == "glm5_next"
     for i in range(c["num_hidden_layers"]):
-        if "kv_lora_rank" in c:
+        if next_class and linear_attention(c)[i]:
+            total += 2 * 4 * c["linear_num_heads"] * c["linear_head_dim"] ** 2  # the state, read and written
+        elif next_class:
+            attended = min(context, c["index_topk"] + c["index_kpool"] - 1)
+            total += 4 * attended * (c["kv_lora_rank"] + 64)
+            if full_indexer[i]:
+                total += 4 * context * 2 * c["index_head_dim"]
+        elif "kv_lora_rank" in c:
             attended = min(context, c["index_topk"]) if "index_topk" in c else context
             total += 4 * attended * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
             if full_indexer[i]:
@@ -147,5 +179,6 @@ def step_bytes(modules: dict[str, int], config: dict, rows: int, context: int) -
             total += size
     for per_layer in experts.values():
         total += expected_experts(len(per_layer), config["num_experts_per_tok"], rows) * sum(per_layer.values()) / len(per_layer)
-    full_indexer = [any(name.startswith(f"model.layers.{i}.self_attn.indexer.") for name in modules) for i in range(layers)]
+    full_indexer = [any(re.match(rf"model\.(?:language_model\.)?layers\.{i}\.self_attn\.indexer\.", name) for name in modules)
+                    for i in range(layers)]
     return total + rows * kv_bytes(config, context, full_indexer)

@@ -44,6 +44,17 @@ BASE_SHAPES = {
                   intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256, num_experts_per_tok=8,
                   first_k_dense_replace=3, routed_scaling_factor=2.5, attention_bias=False, vocab_size=154880,
                   max_position_embeddings=202752, partial_rotary_factor=1.0, eos_token_id=[154820, 154827, 154829]),
+    # GLM-5.3-Flash (GLM.md §2.4, transformers' Glm5NextTextConfig defaults): KDA on 3 of every 4
+    # layers, NoPE MLA with the pooled DSA indexer on the 4th, 4 hyper-connection streams.
+    "glm-5.3-flash": dict(architectures=["Glm5NextForConditionalGeneration"], model_type="glm5_next", hidden_size=4096,
+                          num_hidden_layers=45, num_attention_heads=64, num_key_value_heads=64, q_lora_rank=1536,
+                          kv_lora_rank=512, qk_nope_head_dim=256, qk_rope_head_dim=0, v_head_dim=256, index_n_heads=32,
+                          index_head_dim=128, index_topk=2048, index_kpool=4, index_kpool_always_select_tail=True,
+                          linear_num_heads=64, linear_head_dim=128, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+                          hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_limit=10.0, intermediate_size=12288,
+                          moe_intermediate_size=2048, n_routed_experts=288, num_experts_per_tok=8, first_k_dense_replace=3,
+                          routed_scaling_factor=2.5, attention_bias=False, vocab_size=154880, max_position_embeddings=1048576,
+                          eos_token_id=[154820, 154827, 154829]),
     # A small shape with the same structure, for tests on machines without much disk.
     "tiny": dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                  intermediate_size=512, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
@@ -77,6 +88,9 @@ def shape_config(name: str) -> dict:
         config["first_k_dense_replace"] = min(config["first_k_dense_replace"], layers)
         if "mlp_layer_types" in config:
             config["mlp_layer_types"] = config["mlp_layer_types"][:layers]
+        if config.get("model_type") == "glm5_next":
+            # The cut keeps the class's schedules: every 4th layer DSA; its dense layers first.
+            config["mlp_layer_types"] = ["dense" if i < config["first_k_dense_replace"] else "sparse" for i in range(layers)]
     return config
 
 

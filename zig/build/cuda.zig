@@ -22,6 +22,9 @@ pub const kernels = [_]Kernel{
     .{ .name = "sample" },
     .{ .name = "mla" },
     .{ .name = "dsa" },
+    .{ .name = "kda" },
+    .{ .name = "hyper" },
+    .{ .name = "kpool" },
 };
 
 /// Every arch the kernels must build for and the contract registry covers.

@@ -149,19 +149,21 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
     scores[static_cast<size_t>(blockIdx.x) * context_max + t] = total;
 }
 
-// Each row's selection: its topk best positions (ties to the earlier), ascending, into
-// selected[row·topk ..] and their count; a row whose context fits topk takes them all. A block per
-// row: a radix select of the topk-th key (four 8-bit passes), then an ordered compaction.
+// Each row's selection: its topk best candidates (ties to the earlier), ascending, into
+// selected[row·topk ..] and their count; a row with at most topk takes them all. Candidates are
+// positions 0..pos, or with `pool` > 1 the complete pools of `pool` positions that end at or before
+// pos (kpool.cu scores them). A block per row: a radix select of the topk-th key (four 8-bit
+// passes), then an ordered compaction.
 extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
     const float* __restrict__ scores, const uint32_t* __restrict__ positions, uint32_t* __restrict__ selected,
-    uint32_t* __restrict__ counts, int row_first, int rows, int topk, int context_max) {
+    uint32_t* __restrict__ counts, int row_first, int rows, int topk, int context_max, int pool) {
     __shared__ int histogram[256];
     __shared__ int scan[kTopkThreads / kWarp];
     __shared__ uint32_t chosen_prefix;
     __shared__ int chosen_left;
     const int row = row_first + blockIdx.x;
     if (row >= rows) return;
-    const int length = static_cast<int>(positions[row]) + 1;
+    const int length = (static_cast<int>(positions[row]) + 1) / pool;
     uint32_t* out = selected + static_cast<size_t>(row) * topk;
     if (length <= topk) {
         for (int t = threadIdx.x; t < length; t += blockDim.x) out[t] = t;

@@ -20,6 +20,7 @@
 #include "exl3_codebook.cuh"
 #include "exl3_hadamard.cuh"
 #include "exl3_prompt.cuh"
+#include "swiglu.cuh"
 
 namespace {
 
@@ -106,7 +107,7 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
                 const float gate_value = gv[i] * half_bits(gate.svh, n);
                 const float up_value = uv[i] * half_bits(up.svh, n);
                 // Columns past gate's out_features are padding: down reads zeros there.
-                h[i] = n < width ? gate_value / (1.0f + expf(-gate_value)) * up_value * half_bits(down_suh, n) : 0.f;
+                h[i] = n < width ? tf::swiglu(gate_value, up_value) * half_bits(down_suh, n) : 0.f;
             }
             hadamard128(h);
             store_planes(out, 0, first + pass * kEpilogueRows + r, chunk * 128 + 4 * lane, h);
@@ -183,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
         float value = 0.f;
         if (k < in_features) {
             value = x[static_cast<size_t>(row) * in_features + k];
-            if (up) value = value / (1.0f + expf(-value)) * up[static_cast<size_t>(row) * in_features + k];
+            if (up) value = tf::swiglu(value, up[static_cast<size_t>(row) * in_features + k]);
         }
         x_in[i] = value;
     }

@@ -94,7 +94,10 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     if (row >= rows) return;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
-    float* key = kv + static_cast<size_t>(row) * kMlaWidth;
+    // NoPE (GLM-5.3-Flash: qk_dim == nope_dim): kv rows are the latent alone and the cache's rope
+    // slot holds zeros, which q's absent rope part multiplies away in tf_mla_attention.
+    const bool has_rope = qk_dim > nope_dim;
+    float* key = kv + static_cast<size_t>(row) * (has_rope ? kMlaWidth : kMlaLatent);
     const float* cs = cos_sin + static_cast<size_t>(row) * kMlaRope;
     float sum = 0.f;
     for (int i = threadIdx.x; i < kMlaLatent; i += blockDim.x) sum += key[i] * key[i];
@@ -108,6 +111,10 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     const uint32_t page = tables[table_offsets[row] + position / page_tokens];
     float* slot = cache + ((static_cast<size_t>(page) * layers + layer) * page_tokens + position % page_tokens) * kMlaWidth;
     for (int i = threadIdx.x; i < kMlaLatent; i += blockDim.x) slot[i] = norm[i] * (key[i] * inverse);
+    if (!has_rope) {
+        for (int i = threadIdx.x; i < kMlaRope; i += blockDim.x) slot[kMlaLatent + i] = 0.f;
+        return;
+    }
     if (warp == 0) {
         rope_warp(key + kMlaLatent, cs, kMlaRope, interleaved, lane);
         for (int i = lane; i < kMlaRope; i += kWarp) slot[kMlaLatent + i] = key[kMlaLatent + i];
@@ -201,6 +208,14 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     const uint32_t* picks = sparse ? selected + static_cast<size_t>(row) * topk : nullptr;
     const int split_first = kSpread ? blockIdx.z : 0;
     const int split_end = kSpread ? blockIdx.z + 1 : kMlaSplits;
+    if (count == 0) {  // an empty pooled selection (no tail): transformers' SDPA attends to nothing, 0
+        if (!kSpread)
+            for (int i = threadIdx.x; i < kMlaHeads * kMlaLatent; i += blockDim.x) {
+                const int h = blockIdx.y * kMlaHeads + i / kMlaLatent;
+                if (h < heads) out[(static_cast<size_t>(row) * heads + h) * kMlaLatent + i % kMlaLatent] = 0.f;
+            }
+        return;
+    }
     if (mla_split(count, split_first).begin >= count) return;  // an empty split: the combine skips it
     const uint32_t* table = tables + table_offsets[row];
 
@@ -215,7 +230,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             const int h = r % 2 == 0 ? head_a : head_b;
             const int dim = (k < kMlaLatentSteps ? kMlaWarpDims * warp + 16 * k : 16 * warp) + 2 * t + 8 * (r / 2);
             float2 v = make_float2(0.f, 0.f);
-            if (h < heads)
+            if (h < heads && (k < kMlaLatentSteps || qk_dim > nope_dim))  // NoPE: no rope part
                 v = k < kMlaLatentSteps ? *reinterpret_cast<const float2*>(q_lat + (static_cast<size_t>(row) * heads + h) * kMlaLatent + dim)
                                           : *reinterpret_cast<const float2*>(q + (static_cast<size_t>(row) * heads + h) * qk_dim + nope_dim + dim);
             split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
@@ -404,6 +419,10 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
     const int row = task / heads;
     const int d = 4 * threadIdx.x;
     const int count = counts ? static_cast<int>(counts[row]) : static_cast<int>(positions[row]) + 1;
+    if (count == 0) {  // an empty selection: zeros, as tf_mla_attention writes
+        *reinterpret_cast<float4*>(out + static_cast<size_t>(task) * kMlaLatent + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+        return;
+    }
     const size_t base = static_cast<size_t>(task) * kMlaSplits;
     float max = -INFINITY, sum = 0.f;
     float acc[4] = {};

@@ -53,6 +53,7 @@ pub const Api = struct {
     cuModuleLoadData: *const fn (*Module, *const anyopaque) callconv(.c) Result,
     cuModuleUnload: *const fn (Module) callconv(.c) Result,
     cuModuleGetFunction: *const fn (*Function, Module, [*:0]const u8) callconv(.c) Result,
+    cuModuleGetGlobal_v2: *const fn (*DevicePtr, *usize, Module, [*:0]const u8) callconv(.c) Result,
     cuFuncSetAttribute: *const fn (Function, c_int, c_int) callconv(.c) Result,
     cuStreamBeginCapture_v2: *const fn (Stream, c_int) callconv(.c) Result,
     cuStreamEndCapture: *const fn (Stream, *Graph) callconv(.c) Result,

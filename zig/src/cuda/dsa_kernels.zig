@@ -49,6 +49,13 @@ pub const Kernels = struct {
         try k.run("tf_dsa_prepare", .{ @intCast(p.rows), 1, 1 }, 256, ptrs);
     }
 
+    /// Rows first .. first + chunk: the `topk` best candidates of each (positions, or with `pool`
+    /// > 1 its complete pools) from their scores (chunk x context_max), ascending, and the count.
+    pub fn topk(k: Kernels, scores: Ptr, positions: Ptr, selected: Ptr, counts: Ptr, first: usize, chunk: usize, rows: usize, count: usize, context_max: usize, pool: usize) Error!void {
+        var t = .{ scores, positions, selected, counts, @as(c_int, @intCast(first)), @as(c_int, @intCast(rows)), @as(c_int, @intCast(count)), @as(c_int, @intCast(context_max)), @as(c_int, @intCast(pool)) };
+        try k.run("tf_dsa_topk", .{ @intCast(chunk), 1, 1 }, 1024, .{ &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8] });
+    }
+
     /// Every row's selection into `selection` (selected: rows x topk u32, counts: rows), through
     /// `scores` (score_rows x context_max f32), score_rows rows at a time.
     pub fn select(k: Kernels, q: Ptr, weights: Ptr, scores: Ptr, selection: mla.Selection, p: mla.Paged, heads: usize, context_max: usize) Error!void {
@@ -69,8 +76,7 @@ pub const Kernels = struct {
             inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
             const tiles: u32 = @intCast(std.math.divCeil(usize, context_max, score_tile) catch unreachable);
             try k.run("tf_dsa_scores", .{ @intCast(chunk), tiles, 1 }, score_tile, ptrs);
-            var t = .{ scores, p.positions, selection.selected, selection.counts, @as(c_int, @intCast(first)), @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(selection.topk)), @as(c_int, @intCast(context_max)) };
-            try k.run("tf_dsa_topk", .{ @intCast(chunk), 1, 1 }, 1024, .{ &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7] });
+            try k.topk(scores, p.positions, selection.selected, selection.counts, first, chunk, p.rows, selection.topk, context_max, 1);
         }
     }
 };

@@ -212,6 +212,16 @@ pub fn Module(comptime kernel_names: []const [:0]const u8) type {
             module.* = undefined;
         }
 
+        /// Sets the module's `__constant__ float` `name` (a per-model switch such as swiglu.cuh's
+        /// tf_swiglu_limit: every model loads its own modules).
+        pub fn setFloat(module: *const Self, gpu: *const Gpu, comptime name: [:0]const u8, value: f32, diag: *Diagnostic) Error!void {
+            var ptr: DevicePtr = 0;
+            var size: usize = 0;
+            try gpu.driver.check(gpu.driver.api.cuModuleGetGlobal_v2(&ptr, &size, module.handle, name), "cuModuleGetGlobal(" ++ name ++ ")", diag);
+            std.debug.assert(size == @sizeOf(f32));
+            try gpu.upload(ptr, std.mem.asBytes(&value), diag);
+        }
+
         pub fn function(module: *const Self, comptime kernel_name: []const u8) driver_api.Function {
             inline for (kernel_names, 0..) |known, i| {
                 if (comptime std.mem.eql(u8, known, kernel_name)) return module.functions[i];

@@ -11,6 +11,9 @@ pub const bench: []const u8 = &kernel_images.bench;
 pub const sample: []const u8 = &kernel_images.sample;
 pub const mla: []const u8 = &kernel_images.mla;
 pub const dsa: []const u8 = &kernel_images.dsa;
+pub const kda: []const u8 = &kernel_images.kda;
+pub const hyper: []const u8 = &kernel_images.hyper;
+pub const kpool: []const u8 = &kernel_images.kpool;
 
 test "images are embedded exactly when nvcc built them" {
     const std = @import("std");

@@ -10,6 +10,9 @@ pub const exl3_prompt = @import("exl3_prompt.zig");
 pub const sampling = @import("sampling.zig");
 pub const mla_kernels = @import("mla_kernels.zig");
 pub const dsa_kernels = @import("dsa_kernels.zig");
+pub const kda_kernels = @import("kda_kernels.zig");
+pub const hyper_kernels = @import("hyper_kernels.zig");
+pub const kpool_kernels = @import("kpool_kernels.zig");
 pub const exl3_encode = @import("exl3_encode.zig");
 pub const bench_kernels = @import("bench_kernels.zig");
 
@@ -22,4 +25,7 @@ test {
     _ = glm_kernels;
     _ = mla_kernels;
     _ = dsa_kernels;
+    _ = kda_kernels;
+    _ = hyper_kernels;
+    _ = kpool_kernels;
 }

@@ -130,10 +130,6 @@ pub const Engine = struct {
         defer arena.deinit();
         const model_config = try core.config.ModelConfig.parse(arena.allocator(), config_json, diag);
         const model = try glm.Config.parse(&model_config, diag);
-        if (model.class == .glm5_next) {
-            diag.set("synthetic weights for Glm5NextForConditionalGeneration are not built yet", .{});
-            return error.UnsupportedModel;
-        }
         engine.weights = try glm.synthetic.generate(gpa, model, @intCast(bits), 6, seed);
         errdefer engine.weights.deinit(gpa);
         try engine.initRest(requested, null, diag);
@@ -169,12 +165,17 @@ pub const Engine = struct {
                 .pages = p.kv_pages,
                 .page_tokens = p.page_tokens,
                 .pages_per_sequence = engine.sequences[0].pages.len,
+                .sequences = p.sequences_max,
             }, diag);
         }
         errdefer if (engine.gpu_model) |gpu_model| gpu_model.deinit();
         engine.tensor_parallel = null;
         engine.distributed_rank = null;
         if (master) |m| {
+            if (model.countOf("attention", .kda) > 0) {
+                diag.set("tensor parallelism across processes does not carry GLM-5.3-Flash's per-sequence state yet: run it in one process (tp_world on the cpu backend) or with tp 1", .{});
+                return error.InvalidArgument;
+            }
             if (p.tp_world < 2) {
                 diag.set("a tensor-parallel master needs tp_world >= 2", .{});
                 return error.InvalidArgument;
@@ -201,6 +202,7 @@ pub const Engine = struct {
                 .context_max = p.context_tokens_max,
                 .pages = p.kv_pages,
                 .page_tokens = p.page_tokens,
+                .sequences = p.sequences_max,
             }, diag);
         }
         engine.pages_reserved = 0;

@@ -17,6 +17,8 @@ pub const Limits = struct {
     context_max: usize,
     pages: usize,
     page_tokens: usize,
+    /// Sequence slots: each rank keeps its heads' part of every slot's recurrent (KDA) state.
+    sequences: usize,
 };
 
 const Rank = struct {
@@ -43,7 +45,7 @@ pub const TensorParallel = struct {
             rank.weights = try glm.shard.shard(gpa, full, limits.world, r, diag);
             errdefer rank.weights.deinit(gpa);
             const c = rank.weights.config;
-            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.pages, limits.page_tokens, 0);
+            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.pages, limits.page_tokens, limits.sequences);
             errdefer rank.cache.deinit(gpa);
             rank.scratch = try glm.forward_cpu.Scratch.init(gpa, &rank.weights, limits.rows_max, limits.context_max);
             ready += 1;

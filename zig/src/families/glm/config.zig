@@ -17,7 +17,7 @@ pub const experts_max = 1024;
 pub const experts_per_token_max = 64;
 pub const kda_head_dim_max = 512; // parts/kda.zig dim_max
 pub const pool_max = 256; // parts/kpool.zig pool_max
-pub const hyper_mult_max = 16; // parts/hyper.zig mult_max
+pub const hyper_mult_max = 16; // parts/hyper.zig mult_max (the GPU takes at most 5)
 
 pub const Class = enum { glm4_moe, glm4_moe_lite, glm_moe_dsa, glm5_next };
 

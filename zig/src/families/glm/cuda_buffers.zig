@@ -19,6 +19,7 @@ const GpuLinear = linear_cuda.GpuLinear;
 const GpuMlp = mlp_cuda.GpuMlp;
 const mla_cuda = @import("parts/mla_cuda.zig");
 const dsa_cuda = @import("parts/dsa_cuda.zig");
+const kda_cuda = @import("parts/kda_cuda.zig");
 
 /// Every per-forward buffer, for the largest step the limits allow.
 pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
@@ -34,7 +35,10 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.table_offsets = try model.alloc(rows * 4, diag);
     model.logits_rows = try model.alloc(l.logits_rows_max * 4, diag);
     model.cos_sin = try model.alloc(rows * @max(c.rotary_dim, 2) * f, diag);
-    model.hidden = try model.alloc(rows * c.hidden_size * f, diag);
+    model.hidden = try model.alloc(rows * c.hyper.streams() * c.hidden_size * f, diag);
+    model.collapsed = try model.alloc(if (c.hyper.mult > 0) rows * c.hidden_size * f else 4, diag);
+    model.maps = try model.alloc(if (c.hyper.mult > 0) rows * c.hyper.mixes() * f else 4, diag);
+    model.hyper_raw = try model.alloc(if (c.hyper.mult > 0) rows * (c.hyper.mixes() + 1) * f else 4, diag);
     model.normed = try model.alloc(rows * c.hidden_size * f, diag);
     // GQA's buffers (a float each when the model has no GQA layer; MLA keeps its own).
     const gqa = c.countOf("attention", .gqa) > 0;
@@ -83,6 +87,7 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.cache_v = try model.alloc(@max(cache_values, 1) * f, diag);
     model.mla = try mla_cuda.allocate(model, diag);
     model.dsa = try dsa_cuda.allocate(model, diag);
+    model.kda = try kda_cuda.allocate(model, diag);
     const gpa = model.gpa;
     model.host_tables = try gpa.alloc(u32, rows * l.pages_per_sequence);
     errdefer gpa.free(model.host_tables);
@@ -124,6 +129,7 @@ pub fn allocatePromptScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
         switch (block.attention) {
             .gqa => |*a| for ([_]*const GpuLinear{ &a.q, &a.k, &a.v, &a.o }) |linear| Note.linear(&need, linear, rows),
             .mla => |*a| for (a.linears()) |linear| if (linear) |l_| Note.linear(&need, l_, rows),
+            .kda => |*a| for (a.linears()) |linear| Note.linear(&need, linear, rows),
         }
         switch (block.ffn) {
             .dense => |*mlp| Note.mlp(&need, mlp, rows),
@@ -187,6 +193,7 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
                 if (a.kv_pair != 0) Need.add(&need, a.k.kind.exl3.k_p, a.k.kind.exl3.n_p, 2 * l.rows_max, 2);
             },
             .mla => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
+            .kda => |*a| for (a.linears()) |linear| Need.linear(&need, linear, l.rows_max),
         }
         switch (block.ffn) {
             .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),
@@ -220,6 +227,7 @@ pub fn uploadBatch(model: *GpuModel, batch: Batch, diag: *Diagnostic) Error!void
     if (c.rotary_dim > 0) try model.gpu.upload(model.cos_sin, std.mem.sliceAsBytes(model.host_cos_sin[0 .. rows * c.rotary_dim]), diag);
     if (batch.logits_rows.len > 0) try model.gpu.upload(model.logits_rows, std.mem.sliceAsBytes(batch.logits_rows), diag);
     try uploadAttentionTiles(model, batch, diag);
+    try kda_cuda.uploadRuns(model, batch, diag);
     model.step_prompt = false;
     model.step_decode = true;
     if (model.prompt_scratch == null) return;

@@ -23,6 +23,8 @@ const mlp_cuda = @import("parts/mlp_cuda.zig");
 const moe_cuda = @import("parts/moe_cuda.zig");
 const mla_cuda = @import("parts/mla_cuda.zig");
 const dsa_cuda = @import("parts/dsa_cuda.zig");
+const kda_cuda = @import("parts/kda_cuda.zig");
+const hyper_cuda = @import("parts/hyper_cuda.zig");
 const Diagnostic = core.Diagnostic;
 const Ptr = cuda.gpu.DevicePtr;
 const K = cuda.glm_kernels;
@@ -34,8 +36,9 @@ pub const Error = cuda.gpu.Error || error{UnsupportedModel};
 pub const GpuBlock = struct {
     input_norm: Ptr,
     post_attention_norm: Ptr,
-    attention: union(enum) { gqa: gqa_cuda.GpuGqa, mla: mla_cuda.GpuMla },
+    attention: union(enum) { gqa: gqa_cuda.GpuGqa, mla: mla_cuda.GpuMla, kda: kda_cuda.GpuKda },
     ffn: union(enum) { dense: mlp_cuda.GpuMlp, moe: moe_cuda.GpuMoe },
+    hyper: ?hyper_cuda.GpuSites = null,
 };
 
 pub const Limits = struct {
@@ -47,6 +50,8 @@ pub const Limits = struct {
     pages: usize,
     page_tokens: usize,
     pages_per_sequence: usize,
+    /// Sequence slots, each with its own recurrent (KDA) state.
+    sequences: usize = 0,
     /// Replay recorded forwards of up to `graph_rows_max` rows (TF_CUDA_GRAPHS=0 turns it off).
     graphs: bool = true,
 };
@@ -71,6 +76,10 @@ pub const GpuModel = struct {
     /// The latent attention's and the indexer's kernels, when the model has such layers.
     mla_module: ?cuda.mla_kernels.Module,
     dsa_module: ?cuda.dsa_kernels.Module,
+    /// GLM-5.3-Flash's: KDA, hyper-connections, the pooled indexer.
+    kda_module: ?cuda.kda_kernels.Module,
+    hyper_module: ?cuda.hyper_kernels.Module,
+    kpool_module: ?cuda.kpool_kernels.Module,
     /// Expert slots per row: experts_per_token, + 1 when a layer merges its shared expert.
     slots: usize,
     /// The switches (core.switches), read once: prompt kernels and the shared expert's merge.
@@ -148,6 +157,12 @@ pub const GpuModel = struct {
     /// MLA layers' buffers and latent cache, the indexers' (parts/mla_cuda.zig, dsa_cuda.zig).
     mla: ?mla_cuda.Buffers,
     dsa: ?dsa_cuda.Buffers,
+    kda: ?kda_cuda.Buffers,
+    /// With hyper-connections: model.hidden holds (rows, mult, hidden) streams; a site's collapse
+    /// (rows, hidden) and its maps (rows, 2·mult + mult²: pre, post, comb).
+    collapsed: Ptr,
+    maps: Ptr,
+    hyper_raw: Ptr, // (rows, mixes + 1): a site's raw logits and the streams' sum of squares
     // Host staging.
     host_tables: []u32,
     host_offsets: []u32,
@@ -192,12 +207,14 @@ pub const GpuModel = struct {
             return error.UnsupportedModel;
         }
         const c = weights.config;
-        if (c.class == .glm5_next) {
-            diag.set("the CUDA backend does not run Glm5NextForConditionalGeneration (KDA, hyper-connections) yet: use the cpu backend", .{});
-            return error.UnsupportedModel;
-        }
         try gqa_cuda.checkShape(&c, diag);
         try mla_cuda.checkShape(&c, diag);
+        try kda_cuda.checkShape(&c, diag);
+        try hyper_cuda.checkShape(&c, diag);
+        if (c.countOf("attention", .kda) > 0 and limits.sequences == 0) {
+            diag.set("a model with recurrent state needs limits.sequences > 0", .{});
+            return error.UnsupportedModel;
+        }
         model.gpu = try cuda.Gpu.open(limits.device, diag);
         errdefer model.gpu.close();
         errdefer model.freeAll();
@@ -211,6 +228,16 @@ pub const GpuModel = struct {
         errdefer if (model.mla_module) |*module| module.unload(&model.gpu);
         model.dsa_module = if (c.countOf("indexer", .full) > 0) try cuda.dsa_kernels.load(&model.gpu, diag) else null;
         errdefer if (model.dsa_module) |*module| module.unload(&model.gpu);
+        model.kda_module = if (c.countOf("attention", .kda) > 0) try cuda.kda_kernels.load(&model.gpu, diag) else null;
+        errdefer if (model.kda_module) |*module| module.unload(&model.gpu);
+        model.hyper_module = if (c.hyper.mult > 0) try cuda.hyper_kernels.load(&model.gpu, diag) else null;
+        errdefer if (model.hyper_module) |*module| module.unload(&model.gpu);
+        model.kpool_module = if (c.indexer.pool > 0 and c.countOf("indexer", .full) > 0) try cuda.kpool_kernels.load(&model.gpu, diag) else null;
+        errdefer if (model.kpool_module) |*module| module.unload(&model.gpu);
+        if (!std.math.isInf(c.swiglu_limit)) {
+            try model.module.setFloat(&model.gpu, "tf_swiglu_limit", c.swiglu_limit, diag);
+            try model.prompt_module.setFloat(&model.gpu, "tf_swiglu_limit", c.swiglu_limit, diag);
+        }
         try model.upload(weights, diag);
         try buffers.allocateScratch(model, diag);
         return model;
@@ -225,6 +252,10 @@ pub const GpuModel = struct {
         model.sample_module.unload(&model.gpu);
         if (model.mla_module) |*module| module.unload(&model.gpu);
         if (model.dsa_module) |*module| module.unload(&model.gpu);
+        if (model.kda_module) |*module| module.unload(&model.gpu);
+        if (model.hyper_module) |*module| module.unload(&model.gpu);
+        if (model.kpool_module) |*module| module.unload(&model.gpu);
+        if (model.kda) |b| gpa.free(b.host_runs);
         model.gpu.close();
         gpa.free(model.host_row_tables);
         gpa.free(model.host_attention);
@@ -275,8 +306,9 @@ pub const GpuModel = struct {
                 .attention = switch (block.attention) {
                     .gqa => |*part| .{ .gqa = try gqa_cuda.upload(model, part, diag) },
                     .mla => |*part| .{ .mla = try mla_cuda.upload(model, part, diag) },
-                    .kda => unreachable, // init refuses the class
+                    .kda => |*part| .{ .kda = try kda_cuda.upload(model, part, diag) },
                 },
+                .hyper = if (block.hyper) |*sites| try hyper_cuda.upload(model, sites, diag) else null,
                 .ffn = switch (block.ffn) {
                     .dense => |*part| .{ .dense = try model.uploadMlp(part, diag) },
                     .moe => |*part| .{ .moe = try moe_cuda.uploadApart(model, part, diag) },
@@ -303,7 +335,7 @@ pub const GpuModel = struct {
         var count: u64 = 0;
         for (model.blocks) |*block| switch (block.attention) {
             .gqa => |*part| count += @intFromBool(part.kv_pair != 0),
-            .mla => {},
+            .mla, .kda => {},
         };
         return count;
     }
@@ -396,24 +428,19 @@ pub const GpuModel = struct {
     fn enqueue(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const c = model.config;
         const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
+        if (c.hyper.mult > 0) {
+            std.debug.assert(reduce == null); // tensor parallelism refuses the class
+            return hyper_cuda.enqueue(model, k, rows, wanted, diag);
+        }
         try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
         // Each residual add is fused with the norm that follows it: the post-attention norm, the
         // next layer's input norm, or the final norm.
         if (model.blocks.len > 0) try k.rmsnorm(model.hidden, model.blocks[0].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
         for (model.blocks, 0..) |*block, layer| {
-            switch (block.attention) {
-                .gqa => |*part| try gqa_cuda.attention(model, k, part, c.indexAmong(layer, "attention", .gqa), rows),
-                .mla => |*part| try mla_cuda.attention(model, k, part, c.plan[layer], .{
-                    .mla = c.indexAmong(layer, "attention", .mla),
-                    .index = c.indexAmong(layer, "indexer", .full),
-                }, rows),
-            }
+            try model.attentionPart(k, block, layer, rows);
             if (reduce) |r| r.sum(r.context, model, model.projected, rows * c.hidden_size, diag) catch return error.CudaFailed;
             try k.addRmsnorm(model.hidden, model.projected, block.post_attention_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
-            switch (block.ffn) {
-                .dense => |*mlp| try model.runMlp(k, mlp, model.normed, model.ffn_out, rows),
-                .moe => |*moe| try moe_cuda.runMoe(model, k, moe, rows),
-            }
+            try model.ffnPart(k, block, rows);
             if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * c.hidden_size, diag) catch return error.CudaFailed;
             if (layer + 1 < model.blocks.len) {
                 try k.addRmsnorm(model.hidden, model.ffn_out, model.blocks[layer + 1].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
@@ -425,6 +452,33 @@ pub const GpuModel = struct {
         }
         if (wanted == 0) return;
         if (model.blocks.len == 0) try k.rmsnorm(model.hidden, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+        try model.head(k, wanted);
+    }
+
+    /// model.projected = the layer's attention part on model.normed.
+    pub fn attentionPart(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, layer: usize, rows: usize) Error!void {
+        const c = model.config;
+        switch (block.attention) {
+            .gqa => |*part| try gqa_cuda.attention(model, k, part, c.indexAmong(layer, "attention", .gqa), rows),
+            .mla => |*part| try mla_cuda.attention(model, k, part, c.plan[layer], .{
+                .mla = c.indexAmong(layer, "attention", .mla),
+                .index = c.indexAmong(layer, "indexer", .full),
+            }, rows),
+            .kda => |*part| try kda_cuda.attention(model, k, part, c.indexAmong(layer, "attention", .kda), rows),
+        }
+    }
+
+    /// model.ffn_out = the layer's FFN part on model.normed.
+    pub fn ffnPart(model: *GpuModel, k: K.Kernels, block: *const GpuBlock, rows: usize) Error!void {
+        switch (block.ffn) {
+            .dense => |*mlp| try model.runMlp(k, mlp, model.normed, model.ffn_out, rows),
+            .moe => |*moe| try moe_cuda.runMoe(model, k, moe, rows),
+        }
+    }
+
+    /// The logits of the wanted rows of model.normed (the final norm's output) and their summaries.
+    pub fn head(model: *GpuModel, k: K.Kernels, wanted: usize) Error!void {
+        const c = model.config;
         switch (model.lm_head.kind) {
             .exl3 => try model.runLinear(k, &model.lm_head, model.normed, model.logits, wanted, model.logits_rows),
             .dense => |dense| {

@@ -2,7 +2,7 @@
 //! composed from the parts, its CUDA counterpart, tensor-parallel shards and synthetic weights.
 //! Classes: A `Glm4MoeForCausalLM` (GQA), B `Glm4MoeLiteForCausalLM` (MLA), C
 //! `GlmMoeDsaForCausalLM` (MLA + the DSA indexer), D `Glm5NextForConditionalGeneration` (KDA,
-//! NoPE MLA + the pooled DSA indexer, hyper-connections; CPU only so far).
+//! NoPE MLA + the pooled DSA indexer, hyper-connections).
 pub const config = @import("config.zig");
 pub const Config = config.Config;
 pub const linear = @import("linear.zig");
@@ -57,6 +57,8 @@ test {
     _ = @import("parts/moe_cuda.zig");
     _ = @import("parts/mla_cuda.zig");
     _ = @import("parts/dsa_cuda.zig");
+    _ = @import("parts/kda_cuda.zig");
+    _ = @import("parts/hyper_cuda.zig");
     _ = shard;
     _ = synthetic;
 }

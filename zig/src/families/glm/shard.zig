@@ -19,6 +19,7 @@ const exl3 = @import("../../exl3/root.zig");
 const weights_mod = @import("weights.zig");
 const Mlp = @import("parts/mlp.zig").Mlp;
 const Mla = @import("parts/mla.zig").Mla;
+const Kda = @import("parts/kda.zig").Kda;
 const dsa = @import("parts/dsa.zig");
 const Linear = @import("linear.zig").Linear;
 const Config = @import("config.zig").Config;
@@ -30,8 +31,8 @@ pub const Error = error{ OutOfMemory, UnsupportedModel };
 /// Rank `rank`'s weights. Norms, router and embedding are views into `full`, which must outlive it.
 pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: usize, rank: usize, diag: *Diagnostic) Error!weights_mod.Weights {
     const c = full.config;
-    if (c.class == .glm5_next) {
-        diag.set("tensor parallelism does not shard Glm5NextForConditionalGeneration (KDA, hyper-connections) yet: run it with tp 1", .{});
+    if (c.kda.heads % world != 0) {
+        diag.set("tensor parallelism {d} needs the {d} KDA heads to divide evenly", .{ world, c.kda.heads });
         return error.UnsupportedModel;
     }
     if (c.heads % world != 0 or c.kv_heads % world != 0) {
@@ -47,7 +48,7 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
     const attention_exl3 = for (full.blocks) |block| switch (block.attention) {
         .gqa => |*a| if (a.q.kind == .exl3 or a.k.kind == .exl3 or a.o.kind == .exl3) break true,
         .mla => |*a| if (a.o.kind == .exl3 or a.kv_b.kind == .exl3 or (a.q_b orelse a.q.?).kind == .exl3) break true,
-        .kda => unreachable, // refused above
+        .kda => {}, // its heads are 128 wide: whole EXL3 units (checked in shardKda)
     } else false;
     if (attention_exl3 and !aligned) {
         diag.set("tensor parallelism {d} would cut a 128-channel EXL3 block: {d} heads of {d} dims per rank", .{ world, c.heads / world, c.head_dim });
@@ -65,6 +66,7 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
     result.config.kv_heads = c.kv_heads / world;
     result.config.intermediate_size = exl3.slice.unitRange(c.intermediate_size, world, rank).len();
     result.config.moe_intermediate_size = exl3.slice.unitRange(c.moe_intermediate_size, world, rank).len();
+    result.config.kda.heads = c.kda.heads / world;
     result.embedding = full.embedding;
     result.norm = full.norm;
     result.lm_head = try cleanup.keep(try copyLinear(gpa, &full.lm_head));
@@ -84,8 +86,9 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
                     .k_norm = a.k_norm,
                 } },
                 .mla => |*a| .{ .mla = try shardMla(&cleanup, arena, c, a, world, rank) },
-                .kda => unreachable, // refused above
+                .kda => |*a| .{ .kda = try shardKda(&cleanup, arena, c, a, world, rank, diag) },
             },
+            .hyper = source.hyper,
             .ffn = switch (source.ffn) {
                 .dense => |*mlp| .{ .dense = try shardMlp(&cleanup, mlp, world, rank) },
                 .moe => |*moe| blk: {
@@ -157,6 +160,54 @@ fn shardMla(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Ml
             .k_norm_weight = ix.k_norm_weight,
             .k_norm_bias = ix.k_norm_bias,
         } else null,
+        .pooled = if (a.pooled) |*ix| .{
+            .wq_b = try cleanup.keep(try copyLinear(gpa, &ix.wq_b)),
+            .wk = try cleanup.keep(try copyLinear(gpa, &ix.wk)),
+            .weights_proj = try cleanup.keep(try copyLinear(gpa, &ix.weights_proj)),
+            .k_norm_weight = ix.k_norm_weight,
+            .k_norm_bias = ix.k_norm_bias,
+            .gate = ix.gate,
+            .ape = ix.ape,
+        } else null,
+    };
+}
+
+/// One rank's KDA: its heads of q, k and v (the fused projection taken apart into three column
+/// slices), of the convolution's channels, the gates' second projections, dt_bias, A_log and b;
+/// the gates' first projections whole; o_proj's rows of its heads. Its state is its heads'.
+fn shardKda(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Kda, world: usize, rank: usize, diag: *Diagnostic) Error!Kda {
+    const k = c.kda;
+    const gpa = cleanup.gpa;
+    const width = k.width();
+    const range = headRange(k.heads, k.head_dim, world, rank);
+    if (range.begin % 128 != 0 or range.end % 128 != 0) {
+        diag.set("tensor parallelism {d} would cut a 128-channel EXL3 block of KDA's q/k/v", .{world});
+        return error.UnsupportedModel;
+    }
+    var split: [3]Linear = undefined;
+    for (&split, 0..) |*part, i| {
+        const shifted: Range = .{ .begin = i * width + range.begin, .end = i * width + range.end };
+        part.* = switch (a.qkv) {
+            .fused => |*l| try cleanup.keep(try sliceLinear(gpa, l, .columns, shifted, true)),
+            .split => |*ls| try cleanup.keep(try sliceLinear(gpa, &ls[i], .columns, range, true)),
+        };
+    }
+    const taps = k.conv_kernel;
+    const conv = try arena.alloc(f32, 3 * range.len() * taps);
+    for (0..3) |i| @memcpy(conv[i * range.len() * taps ..][0 .. range.len() * taps], a.conv[(i * width + range.begin) * taps ..][0 .. range.len() * taps]);
+    const heads = headRange(k.heads, 1, world, rank);
+    return .{
+        .qkv = .{ .split = split },
+        .conv = conv,
+        .f_a = try cleanup.keep(try copyLinear(gpa, &a.f_a)),
+        .f_b = try cleanup.keep(try sliceLinear(gpa, &a.f_b, .columns, range, true)),
+        .dt_bias = a.dt_bias[range.begin..range.end],
+        .a_log = a.a_log[heads.begin..heads.end],
+        .b = try cleanup.keep(try sliceLinear(gpa, &a.b, .columns, heads, true)),
+        .g_a = try cleanup.keep(try copyLinear(gpa, &a.g_a)),
+        .g_b = try cleanup.keep(try sliceLinear(gpa, &a.g_b, .columns, range, true)),
+        .o_norm = a.o_norm,
+        .o = try cleanup.keep(try sliceLinear(gpa, &a.o, .rows, range, rank == 0)),
     };
 }
 
@@ -166,6 +217,7 @@ fn shardMlp(cleanup: *Cleanup, mlp: *const Mlp, world: usize, rank: usize) Error
         .gate = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.gate, .columns, range, true)),
         .up = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.up, .columns, range, true)),
         .down = try cleanup.keep(try sliceLinear(cleanup.gpa, &mlp.down, .rows, range, rank == 0)),
+        .limit = mlp.limit,
     };
 }
 

@@ -1,4 +1,5 @@
-//! A model of any GLM shape (GQA or MLA, with or without the DSA indexer) with random EXL3 weights, made in memory from a config alone: for
+//! A model of any GLM shape (GQA, MLA with or without the DSA indexer, GLM-5.3-Flash's KDA, pooled
+//! indexer and hyper-connections) with random EXL3 weights, made in memory from a config alone: for
 //! kernel and step benchmarks at full size without writing or reading checkpoint files. Like the
 //! file synthesizer (python/trellisforge/synthesize.py): uniform random trellis words (they decode
 //! to the codebook's distribution), random signs with scales that keep activations O(1), norms near
@@ -11,8 +12,10 @@ const Linear = @import("linear.zig").Linear;
 const Config = @import("config.zig").Config;
 const Mlp = @import("parts/mlp.zig").Mlp;
 const Mla = @import("parts/mla.zig").Mla;
+const Kda = @import("parts/kda.zig").Kda;
+const hyper = @import("parts/hyper.zig");
 
-pub const Error = error{ OutOfMemory, UnsupportedModel };
+pub const Error = error{OutOfMemory};
 
 pub fn generate(gpa: std.mem.Allocator, c: Config, bits: u4, head_bits: u4, seed: u64) Error!weights_mod.Weights {
     var prng = std.Random.DefaultPrng.init(seed);
@@ -25,7 +28,7 @@ pub fn generate(gpa: std.mem.Allocator, c: Config, bits: u4, head_bits: u4, seed
     var made: std.ArrayList(Linear) = .empty;
     defer made.deinit(gpa);
     errdefer for (made.items) |*linear| linear.deinit(gpa);
-    const maker: Maker = .{ .gpa = gpa, .arena = arena, .random = random, .made = &made };
+    const maker: Maker = .{ .gpa = gpa, .arena = arena, .random = random, .made = &made, .limit = c.swiglu_limit };
 
     const embedding = try arena.create(core.safetensors.Tensor);
     const table = try maker.values(c.vocab_size * c.hidden_size, 0, 1.0);
@@ -49,8 +52,9 @@ pub fn generate(gpa: std.mem.Allocator, c: Config, bits: u4, head_bits: u4, seed
                     .k_norm = if (c.qk_norm) try maker.values(c.head_dim, 1.0, 0.05) else null,
                 } },
                 .mla => .{ .mla = try maker.mla(&c, layer, bits) },
-                .kda => return error.UnsupportedModel, // engine.initSynthetic says why
+                .kda => .{ .kda = try maker.kda(&c, bits) },
             },
+            .hyper = if (c.hyper.mult > 0) .{ .attn = try maker.site(&c), .ffn = try maker.site(&c) } else null,
             .ffn = undefined,
         };
         if (c.isDense(layer)) {
@@ -77,6 +81,7 @@ const Maker = struct {
     arena: std.mem.Allocator,
     random: std.Random,
     made: *std.ArrayList(Linear),
+    limit: f32,
 
     fn values(m: Maker, count: usize, center: f32, spread: f32) Error![]f32 {
         const out = try m.arena.alloc(f32, count);
@@ -101,13 +106,58 @@ const Maker = struct {
             .kv_b = kv_b,
             .kv_b_dense = kv_b.kind.dense.weight,
             .o = try m.linear(c.heads * a.v_dim, h, bits, a.bias),
-            .indexer = if (c.plan[layer].indexer != .full) null else .{
+            .pooled = if (c.plan[layer].indexer != .full or c.indexer.pool == 0) null else .{
+                .wq_b = try m.linear(a.q_lora_rank, c.indexer.heads * c.indexer.head_dim, bits, false),
+                .wk = try m.dense(h, c.indexer.head_dim, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+                .weights_proj = try m.dense(h, c.indexer.heads, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+                .k_norm_weight = try m.values(c.indexer.head_dim, 1.0, 0.05),
+                .k_norm_bias = try m.values(c.indexer.head_dim, 0.0, 0.05),
+                .gate = try m.values(c.indexer.head_dim * h, 0, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+                .ape = try m.values(c.indexer.pool * c.indexer.head_dim, 0, 0.1),
+            },
+            .indexer = if (c.plan[layer].indexer != .full or c.indexer.pool > 0) null else .{
                 .wq_b = try m.linear(a.q_lora_rank, c.indexer.heads * c.indexer.head_dim, bits, false),
                 .wk = try m.dense(h, c.indexer.head_dim, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
                 .weights_proj = try m.dense(h, c.indexer.heads, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
                 .k_norm_weight = try m.values(c.indexer.head_dim, 1.0, 0.05),
                 .k_norm_bias = try m.values(c.indexer.head_dim, 0.0, 0.05),
             },
+        };
+    }
+
+    /// KDA as the peer's converter stores it: qkv_proj and o_proj EXL3, the gates' small
+    /// projections unquantized; A_log 0 as transformers initializes it under a lower bound.
+    fn kda(m: Maker, c: *const Config, bits: u4) Error!Kda {
+        const k = c.kda;
+        const h = c.hidden_size;
+        const w = k.width();
+        const inverse = struct {
+            fn sqrt(n: usize) f32 {
+                return 1.0 / @sqrt(@as(f32, @floatFromInt(n)));
+            }
+        }.sqrt;
+        return .{
+            .qkv = .{ .fused = try m.linear(h, 3 * w, bits, false) },
+            .conv = try m.values(3 * w * k.conv_kernel, 0, 0.5),
+            .f_a = try m.dense(h, k.head_dim, inverse(h)),
+            .f_b = try m.dense(k.head_dim, w, inverse(k.head_dim)),
+            .dt_bias = try m.values(w, -3, 0.5),
+            .a_log = try m.values(k.heads, 0, 0),
+            .b = try m.dense(h, k.heads, inverse(h)),
+            .g_a = try m.dense(h, k.head_dim, inverse(h)),
+            .g_b = try m.dense(k.head_dim, w, inverse(k.head_dim)),
+            .o_norm = try m.values(k.head_dim, 1.0, 0.05),
+            .o = try m.linear(w, h, bits, false),
+        };
+    }
+
+    /// A hyper-connection site: small mixing weights around transformers' init (base 0, scale 1).
+    fn site(m: Maker, c: *const Config) Error!hyper.Site {
+        const hc = c.hyper;
+        return .{
+            .mix = try m.values(hc.mixes() * hc.mult * c.hidden_size, 0, 0.02),
+            .base = try m.values(hc.mixes(), 0, 0.1),
+            .scale = try m.values(3, 1, 0),
         };
     }
 
@@ -126,6 +176,7 @@ const Maker = struct {
             .gate = try m.linear(hidden, intermediate, bits, false),
             .up = try m.linear(hidden, intermediate, bits, false),
             .down = try m.linear(intermediate, hidden, bits, false),
+            .limit = m.limit,
         };
     }
 

@@ -83,7 +83,12 @@ pub const Weights = struct {
     /// Everything f32 above is owned here; Linear layers own their own buffers.
     arena: std.heap.ArenaAllocator,
 
-    pub fn load(gpa: std.mem.Allocator, checkpoint: *const core.Checkpoint, config: Config, diag: *Diagnostic) Error!Weights {
+    pub fn load(gpa: std.mem.Allocator, checkpoint: *const core.Checkpoint, config_in: Config, diag: *Diagnostic) Error!Weights {
+        var config = config_in;
+        // A text-only GLM-5.3-Flash checkpoint keeps its tensors under "model." (transformers'
+        // module names) rather than the multimodal "model.language_model.".
+        if (config.class == .glm5_next and checkpoint.find("model.language_model.embed_tokens.weight") == null and
+            checkpoint.find("model.embed_tokens.weight") != null) config.prefix = "model";
         var loader: loader_mod.Loader = .{
             .gpa = gpa,
             .checkpoint = checkpoint,

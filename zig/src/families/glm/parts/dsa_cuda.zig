@@ -7,7 +7,9 @@ const core = @import("../../../core/root.zig");
 const cuda = @import("../../../cuda/root.zig");
 const model_mod = @import("../cuda_model.zig");
 const config_mod = @import("../config.zig");
-const Indexer = @import("dsa.zig").Indexer;
+const dsa = @import("dsa.zig");
+const Indexer = dsa.Indexer;
+const PooledIndexer = @import("kpool.zig").Indexer;
 const linear_cuda = @import("linear_cuda.zig");
 const GpuModel = model_mod.GpuModel;
 const Error = model_mod.Error;
@@ -16,7 +18,9 @@ const Ptr = cuda.gpu.DevicePtr;
 const K = cuda.glm_kernels;
 const M = cuda.mla_kernels;
 const D = cuda.dsa_kernels;
+const KP = cuda.kpool_kernels;
 const GpuLinear = linear_cuda.GpuLinear;
+const Linear = @import("../linear.zig").Linear;
 const Config = config_mod.Config;
 
 pub const GpuIndexer = struct {
@@ -25,6 +29,9 @@ pub const GpuIndexer = struct {
     weights_proj: GpuLinear,
     k_norm_weight: Ptr,
     k_norm_bias: Ptr,
+    /// GLM-5.3-Flash's pooled indexer (kpool.zig): the gate scores' projection and the place
+    /// offsets; null for the token-level one.
+    pooled: ?struct { gate: GpuLinear, ape: Ptr } = null,
 };
 
 /// A step's indexer buffers, the selection the shared layers reuse, and the indexer key cache.
@@ -33,15 +40,20 @@ pub const Buffers = struct {
     key: Ptr, // (rows, head_dim)
     weights: Ptr, // (rows, heads)
     scores: Ptr, // (score_rows, context_max)
-    selected: Ptr, // (rows, topk) u32
+    selected: Ptr, // (rows, selectionMax) u32
     counts: Ptr, // (rows) u32
-    cache: Ptr, // (pages, full layers, page_tokens, head_dim)
+    cache: Ptr, // (pages, full layers, page_tokens, head_dim, or 2·head_dim pooled)
+    // Pooled: the gate scores (rows, head_dim), the chosen pools (rows, topk / pool) and their count.
+    gates: Ptr,
+    picks: Ptr,
+    pick_counts: Ptr,
 };
 
 pub fn checkShape(c: *const Config, diag: *Diagnostic) Error!void {
     if (c.countOf("indexer", .full) == 0) return;
     const ix = c.indexer;
-    if (ix.head_dim != D.head_dim or ix.heads > D.heads_max or ix.rope_dim != D.rope) {
+    const rope_ok = if (ix.pool > 0) ix.rope_dim == 0 else ix.rope_dim == D.rope;
+    if (ix.head_dim != D.head_dim or ix.heads > D.heads_max or !rope_ok) {
         diag.set("the CUDA indexer takes index_head_dim {d}, at most {d} index heads and a {d}-dim rope; this model has {d}, {d}, {d}", .{ D.head_dim, D.heads_max, D.rope, ix.head_dim, ix.heads, ix.rope_dim });
         return error.UnsupportedModel;
     }
@@ -54,6 +66,19 @@ pub fn upload(model: *GpuModel, source: *const Indexer, diag: *Diagnostic) Error
         .weights_proj = try model.uploadLinear(&source.weights_proj, diag),
         .k_norm_weight = try model.putF32(source.k_norm_weight, diag),
         .k_norm_bias = try model.putF32(source.k_norm_bias, diag),
+    };
+}
+
+pub fn uploadPooled(model: *GpuModel, source: *const PooledIndexer, diag: *Diagnostic) Error!GpuIndexer {
+    const c = model.config;
+    const gate: Linear = .{ .in_features = c.hidden_size, .out_features = c.indexer.head_dim, .kind = .{ .dense = .{ .weight = source.gate, .bias = null } } };
+    return .{
+        .wq_b = try model.uploadLinear(&source.wq_b, diag),
+        .wk = try model.uploadLinear(&source.wk, diag),
+        .weights_proj = try model.uploadLinear(&source.weights_proj, diag),
+        .k_norm_weight = try model.putF32(source.k_norm_weight, diag),
+        .k_norm_bias = try model.putF32(source.k_norm_bias, diag),
+        .pooled = .{ .gate = try model.uploadLinear(&gate, diag), .ape = try model.putF32(source.ape, diag) },
     };
 }
 
@@ -70,16 +95,19 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
         .key = try model.alloc(rows * ix.head_dim * f, diag),
         .weights = try model.alloc(rows * ix.heads * f, diag),
         .scores = try model.alloc(@min(rows, D.score_rows) * l.context_max * f, diag),
-        .selected = try model.alloc(rows * ix.topk * 4, diag),
+        .selected = try model.alloc(rows * ix.selectionMax() * 4, diag),
         .counts = try model.alloc(rows * 4, diag),
-        .cache = try model.alloc(l.pages * layers * l.page_tokens * ix.head_dim * f, diag),
+        .cache = try model.alloc(l.pages * layers * l.page_tokens * dsa.Cache.widthOf(&c) * f, diag),
+        .gates = try model.alloc(if (ix.pool > 0) rows * ix.head_dim * f else 4, diag),
+        .picks = try model.alloc(if (ix.pool > 0) rows * (ix.topk / ix.pool) * 4 else 4, diag),
+        .pick_counts = try model.alloc(rows * 4, diag),
     };
 }
 
 /// The step's selection as the last full layer left it.
 pub fn selection(model: *const GpuModel) M.Selection {
     const b = model.dsa.?;
-    return .{ .selected = b.selected, .counts = b.counts, .topk = model.config.indexer.topk };
+    return .{ .selected = b.selected, .counts = b.counts, .topk = model.config.indexer.selectionMax() };
 }
 
 /// Every row's selection for this layer (`layer`: its index among full indexers); the normed q
@@ -89,6 +117,7 @@ pub fn select(model: *GpuModel, k: K.Kernels, indexer: *const GpuIndexer, layer:
     const ix = c.indexer;
     const b = model.dsa.?;
     const dk: D.Kernels = .{ .gpu = &model.gpu, .module = &model.dsa_module.?, .diag = k.diag };
+    if (indexer.pooled != null) return selectPooled(model, k, dk, indexer, layer, rows);
     try model.runLinear(k, &indexer.wq_b, model.mla.?.q_latent, b.q, rows, 0);
     try model.runLinear(k, &indexer.wk, model.normed, b.key, rows, 0);
     try model.runLinear(k, &indexer.weights_proj, model.normed, b.weights, rows, 0);
@@ -108,6 +137,43 @@ pub fn select(model: *GpuModel, k: K.Kernels, indexer: *const GpuIndexer, layer:
     return result;
 }
 
+/// The pooled indexer's selection: keys and gate scores into the cache, the complete pools scored
+/// and the best topk / pool of them chosen (score_rows rows at a time), then expanded to positions.
+fn selectPooled(model: *GpuModel, k: K.Kernels, dk: D.Kernels, indexer: *const GpuIndexer, layer: usize, rows: usize) Error!M.Selection {
+    const c = model.config;
+    const ix = c.indexer;
+    const b = model.dsa.?;
+    const pooled = indexer.pooled.?;
+    const kp: KP.Kernels = .{ .gpu = &model.gpu, .module = &model.kpool_module.?, .diag = k.diag };
+    try model.runLinear(k, &indexer.wq_b, model.mla.?.q_latent, b.q, rows, 0);
+    try model.runLinear(k, &indexer.wk, model.normed, b.key, rows, 0);
+    try model.runLinear(k, &indexer.weights_proj, model.normed, b.weights, rows, 0);
+    try model.runLinear(k, &pooled.gate, model.normed, b.gates, rows, 0);
+    const paged: M.Paged = .{
+        .cache = b.cache,
+        .positions = model.positions,
+        .tables = model.tables,
+        .table_offsets = model.table_offsets,
+        .rows = rows,
+        .layers = c.countOf("indexer", .full),
+        .layer = layer,
+        .page_tokens = model.limits.page_tokens,
+    };
+    try kp.store(b.key, b.gates, indexer.k_norm_weight, indexer.k_norm_bias, paged, ix.eps);
+    const keep = ix.topk / ix.pool;
+    const context_max = model.limits.context_max;
+    var first: usize = 0;
+    while (first < rows) : (first += D.score_rows) {
+        const chunk = @min(D.score_rows, rows - first);
+        try kp.scores(b.q, b.weights, pooled.ape, b.scores, paged, first, chunk, ix.heads, ix.pool, context_max);
+        try dk.topk(b.scores, model.positions, b.picks, b.pick_counts, first, chunk, rows, keep, context_max, ix.pool);
+    }
+    const result = selection(model);
+    try kp.expand(b.picks, b.pick_counts, model.positions, result.selected, result.counts, rows, keep, ix.pool, result.topk, ix.pool_tail);
+    return result;
+}
+
 comptime {
-    std.debug.assert(D.rope == M.rope); // the indexer reads the attention's cos/sin rows
+    std.debug.assert(D.rope == M.rope);
+    std.debug.assert(KP.head_dim == D.head_dim and KP.heads_max == D.heads_max); // the indexer reads the attention's cos/sin rows
 }

@@ -25,7 +25,9 @@ pub const Site = struct {
     pub fn load(loader: *loader_mod.Loader, layer_prefix: []const u8, comptime site: []const u8) loader_mod.Error!Site {
         const c = loader.config;
         const h = c.hyper;
-        if (loader.has(loader.name("{s}.hc_" ++ site ++ "_fn", .{layer_prefix}))) return .{
+        // transformers' module names when the checkpoint has them; else the stored names, which
+        // a missing tensor's error then names.
+        if (!loader.has(loader.name("{s}." ++ site ++ "_hc.fn", .{layer_prefix}))) return .{
             .mix = try loader.matrix(loader.name("{s}.hc_" ++ site ++ "_fn", .{layer_prefix}), h.mixes(), h.mult * c.hidden_size),
             .base = try loader.vector(loader.name("{s}.hc_" ++ site ++ "_base", .{layer_prefix}), h.mixes()),
             .scale = try loader.vector(loader.name("{s}.hc_" ++ site ++ "_scale", .{layer_prefix}), 3),

@@ -51,10 +51,14 @@ pub const Kda = struct {
             result.qkv = .{ .split = split };
         }
         result.conv = try convTaps(loader, prefix, width, k.conv_kernel);
-        result.f_a = try loader.linear(name(&buffer, prefix, "f_a_proj"), hidden, k.head_dim, .none);
-        result.f_b = try loader.linear(name(&buffer, prefix, "f_b_proj"), k.head_dim, width, .none);
-        result.dt_bias = try loader.vector(name(&buffer, prefix, "dt_bias"), width);
-        result.a_log = try loader.vector(name(&buffer, prefix, "A_log"), k.heads);
+        // The forget gate's tensors: stored beside the others, or under transformers' forget_gate.
+        var gate_buffer: [256]u8 = undefined;
+        const module_names = loader.hasLinear(name(&buffer, prefix, "forget_gate.f_a_proj"));
+        const gate = if (module_names) name(&gate_buffer, prefix, "forget_gate") else prefix;
+        result.f_a = try loader.linear(name(&buffer, gate, "f_a_proj"), hidden, k.head_dim, .none);
+        result.f_b = try loader.linear(name(&buffer, gate, "f_b_proj"), k.head_dim, width, .none);
+        result.dt_bias = try loader.vector(name(&buffer, gate, "dt_bias"), width);
+        result.a_log = try loader.vector(name(&buffer, gate, "A_log"), k.heads);
         result.b = try loader.linear(name(&buffer, prefix, "b_proj"), hidden, k.heads, .none);
         result.g_a = try loader.linear(name(&buffer, prefix, "g_a_proj"), hidden, k.head_dim, .none);
         result.g_b = try loader.linear(name(&buffer, prefix, "g_b_proj"), k.head_dim, width, .none);

@@ -52,7 +52,7 @@ pub const Buffers = struct {
     q_lat: Ptr, // (rows, heads, kv_lora)
     lat_out: Ptr,
     out: Ptr, // (rows, heads·v)
-    cache: Ptr, // (pages, mla layers, page_tokens, kv_lora + rope)
+    cache: Ptr, // (pages, mla layers, page_tokens, kv_lora + 64)
     parts: M.Parts,
     spread_rows: usize,
 };
@@ -61,8 +61,8 @@ pub const Buffers = struct {
 pub fn checkShape(c: *const Config, diag: *Diagnostic) Error!void {
     if (c.countOf("attention", .mla) == 0) return;
     const m = c.mla;
-    if (m.kv_lora_rank != M.latent or m.rope_dim != M.rope or m.nope_dim > M.nope_max) {
-        diag.set("the CUDA MLA kernels take kv_lora_rank {d}, qk_rope_head_dim {d} and qk_nope_head_dim <= {d}; this model has {d}, {d}, {d}", .{ M.latent, M.rope, M.nope_max, m.kv_lora_rank, m.rope_dim, m.nope_dim });
+    if (m.kv_lora_rank != M.latent or (m.rope_dim != M.rope and m.rope_dim != 0) or m.nope_dim > M.nope_max) {
+        diag.set("the CUDA MLA kernels take kv_lora_rank {d}, qk_rope_head_dim {d} (or 0) and qk_nope_head_dim <= {d}; this model has {d}, {d}, {d}", .{ M.latent, M.rope, M.nope_max, m.kv_lora_rank, m.rope_dim, m.nope_dim });
         return error.UnsupportedModel;
     }
     try dsa_cuda.checkShape(c, diag);
@@ -94,7 +94,12 @@ pub fn upload(model: *GpuModel, source: *const Mla, diag: *Diagnostic) Error!Gpu
         .wuk = try model.putF32(wuk, diag),
         .wuv_t = try model.putF32(wuv_t, diag),
         .o = try model.uploadLinear(&source.o, diag),
-        .indexer = if (source.indexer) |*ix| try dsa_cuda.upload(model, ix, diag) else null,
+        .indexer = if (source.indexer) |*ix|
+            try dsa_cuda.upload(model, ix, diag)
+        else if (source.pooled) |*ix|
+            try dsa_cuda.uploadPooled(model, ix, diag)
+        else
+            null,
     };
 }
 
@@ -116,7 +121,8 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
         .q_lat = try model.alloc(rows * c.heads * m.kv_lora_rank * f, diag),
         .lat_out = try model.alloc(rows * c.heads * m.kv_lora_rank * f, diag),
         .out = try model.alloc(rows * c.heads * m.v_dim * f, diag),
-        .cache = try model.alloc(l.pages * layers * l.page_tokens * m.cacheWidth() * f, diag),
+        // Rows of latent + 64 even for NoPE models (zeros there): the kernels' one row shape.
+        .cache = try model.alloc(l.pages * layers * l.page_tokens * (M.latent + M.rope) * f, diag),
         .parts = .{ .acc = try model.alloc(@max(parts.acc, 1) * f, diag), .ml = try model.alloc(@max(parts.ml, 1) * f, diag) },
         .spread_rows = spread_rows,
     };

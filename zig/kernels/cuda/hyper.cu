@@ -1,0 +1,147 @@
+// Manifold-constrained hyper-connections (GLM-5.3-Flash's residual) on the GPU, as
+// zig/src/families/glm/parts/hyper.zig computes them on the CPU: a row carries m residual streams
+// (rows, m, D); a site's maps come from the unweighted RMS norm of the flattened streams through
+// the (2m + m², m·D) mixing matrix. The host half is zig/src/cuda/hyper_kernels.zig.
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kMultMax = 5;  // config.zig hyper_mult_max: comb's m² entries fit a warp
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+}  // namespace
+
+// The mixing logits, raw: a block per (row, logit) takes one dot product of the row's flattened
+// streams with a row of the mixing matrix (a decode step's row spreads over 2m + m² blocks, where
+// one block per row read the whole 1.5 MB matrix alone: 165 us a site at GLM-5.3-Flash's size);
+// block (row, mixes) takes the streams' sum of squares. Fixed orders: a row's bits are its own.
+// raw[row]: the 2m + m² dots, then the sum of squares.
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mix(const float* __restrict__ streams, const float* __restrict__ mix,
+                                                                float* __restrict__ raw, int rows, int m, int hidden) {
+    __shared__ float partial[kWarps];
+    const int row = blockIdx.x, j = blockIdx.y;
+    const int mixes = (2 + m) * m;
+    if (row >= rows || j > mixes) return;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int width = m * hidden;
+    const float* x = streams + static_cast<size_t>(row) * width;
+    const float* w = j < mixes ? mix + static_cast<size_t>(j) * width : x;
+    float sum = 0.f;
+    for (int i = threadIdx.x; i < width; i += kThreads) sum = fmaf(w[i], x[i], sum);
+    sum = warp_sum(sum);
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int v = 0; v < kWarps; ++v) total += partial[v];
+        raw[static_cast<size_t>(row) * (mixes + 1) + j] = total;
+    }
+}
+
+// A warp per row: the logits scaled by the norm's inverse (the flattened streams' unweighted RMS
+// norm, applied after the dot products), then the maps. Lane (a, b) < m² owns comb's entry: each
+// softmax and Sinkhorn pass gathers its row or column by shuffles and sums it in the CPU's order
+// (one thread doing all 40 passes took 56 us, a block with barriers 20). maps[row]: pre (m), post
+// (m), comb (m²).
+extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __restrict__ raw, const float* __restrict__ base,
+                                                              const float* __restrict__ scale, float* __restrict__ maps, int rows, int m,
+                                                              int hidden, float norm_eps, float hc_eps, int iters) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const int mixes = (2 + m) * m;
+    const float* logits = raw + static_cast<size_t>(row) * (mixes + 1);
+    const float inverse = 1.0f / sqrtf(logits[mixes] / (m * hidden) + norm_eps);
+    float* out = maps + static_cast<size_t>(row) * mixes;
+    const int t = threadIdx.x;
+    if (t < m) {
+        out[t] = sigmoid(logits[t] * inverse * scale[0] + base[t]) + hc_eps;
+        out[m + t] = 2.0f * sigmoid(logits[m + t] * inverse * scale[1] + base[m + t]);
+    }
+    const bool owner = t < m * m;
+    const int a = owner ? t / m : 0, b = owner ? t % m : 0;
+    float v = owner ? logits[2 * m + t] * inverse * scale[2] + base[2 * m + t] : 0.f;
+    const auto row_sum = [&](float x) {
+        float line = 0.f;
+        for (int j = 0; j < m; ++j) line += __shfl_sync(0xFFFFFFFFu, x, a * m + j);
+        return line;
+    };
+    float peak = -INFINITY;
+    for (int j = 0; j < m; ++j) peak = fmaxf(peak, __shfl_sync(0xFFFFFFFFu, v, a * m + j));
+    v = expf(v - peak);
+    v = v / row_sum(v) + hc_eps;
+    for (int pass = 0; pass < 2 * iters - 1; ++pass) {
+        float line = 0.f;  // columns first, then rows and columns in turn
+        if (pass % 2 == 0)
+            for (int j = 0; j < m; ++j) line += __shfl_sync(0xFFFFFFFFu, v, j * m + b);
+        else
+            line = row_sum(v);
+        v /= line + hc_eps;
+    }
+    if (owner) out[2 * m + t] = v;
+}
+
+// The sublayer's input Σ_s pre_s·stream_s, a thread per (row, dim).
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse(const float* __restrict__ streams, const float* __restrict__ maps,
+                                                                     float* __restrict__ collapsed, int rows, int m, int hidden) {
+    const int row = blockIdx.x;
+    const int d = blockIdx.y * kThreads + threadIdx.x;
+    if (row >= rows || d >= hidden) return;
+    const float* pre = maps + static_cast<size_t>(row) * (2 + m) * m;
+    const float* x = streams + static_cast<size_t>(row) * m * hidden + d;
+    float out = 0.f;
+    for (int s = 0; s < m; ++s) out += pre[s] * x[static_cast<size_t>(s) * hidden];
+    collapsed[static_cast<size_t>(row) * hidden + d] = out;
+}
+
+// Stream j of each row becomes post_j·out + Σ_i comb_ij·stream_i: a thread per (row, dim) reads
+// the row's m old values first, so the update is in place.
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave(float* __restrict__ streams, const float* __restrict__ maps,
+                                                                  const float* __restrict__ out, int rows, int m, int hidden) {
+    const int row = blockIdx.x;
+    const int d = blockIdx.y * kThreads + threadIdx.x;
+    if (row >= rows || d >= hidden) return;
+    const float* post = maps + static_cast<size_t>(row) * (2 + m) * m + m;
+    const float* comb = post + m;
+    float* x = streams + static_cast<size_t>(row) * m * hidden + d;
+    float old[kMultMax];  // unrolled with constant indices: registers, not a stack frame
+#pragma unroll
+    for (int i = 0; i < kMultMax; ++i) old[i] = i < m ? x[static_cast<size_t>(i) * hidden] : 0.f;
+    const float y = out[static_cast<size_t>(row) * hidden + d];
+    for (int j = 0; j < m; ++j) {
+        float v = post[j] * y;
+#pragma unroll
+        for (int i = 0; i < kMultMax; ++i)
+            if (i < m) v += comb[i * m + j] * old[i];
+        x[static_cast<size_t>(j) * hidden] = v;
+    }
+}
+
+// The embedding into every stream.
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_spread(const float* __restrict__ x, float* __restrict__ streams, int rows,
+                                                                   int m, int hidden) {
+    const int row = blockIdx.x;
+    const int d = blockIdx.y * kThreads + threadIdx.x;
+    if (row >= rows || d >= hidden) return;
+    const float v = x[static_cast<size_t>(row) * hidden + d];
+    for (int s = 0; s < m; ++s) streams[(static_cast<size_t>(row) * m + s) * hidden + d] = v;
+}
+
+// The streams' mean, the final norm's input.
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mean(const float* __restrict__ streams, float* __restrict__ out, int rows,
+                                                                 int m, int hidden) {
+    const int row = blockIdx.x;
+    const int d = blockIdx.y * kThreads + threadIdx.x;
+    if (row >= rows || d >= hidden) return;
+    float sum = 0.f;
+    for (int s = 0; s < m; ++s) sum += streams[(static_cast<size_t>(row) * m + s) * hidden + d];
+    out[static_cast<size_t>(row) * hidden + d] = sum * (1.0f / static_cast<float>(m));
+}

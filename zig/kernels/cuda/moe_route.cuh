@@ -1,0 +1,164 @@
+// The MoE router and the experts' combine, part of glm_forward.cu's module. Included once, by
+// glm_forward.cu, after the helpers it uses.
+#pragma once
+
+// ---- MoE ----
+
+// Router logits (GLM.md §3.8), f32: probability = sigmoid(x · gate_e), choice = probability +
+// correction. A warp per (row, expert), 8 per block across many blocks: the router's weights
+// (experts × hidden f32, 2 MB for GLM-4.5-Air) are read by the whole GPU, not by one block per row.
+extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* __restrict__ x, const float* __restrict__ gate,
+                                                                  const float* __restrict__ correction, float* __restrict__ scratch,
+                                                                  int rows, int hidden, int experts) {
+    const int row = blockIdx.y;
+    const int e = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    if (row >= rows || e >= experts) return;
+    const float* in = x + static_cast<size_t>(row) * hidden;
+    const float* w = gate + static_cast<size_t>(e) * hidden;
+    float dot = 0.f;
+    if (hidden % 4 == 0) {
+        // float4 loads, eight in flight per lane: the router matrix is read once per step.
+        const float4* in4 = reinterpret_cast<const float4*>(in);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll 8
+        for (int i = lane; i < hidden / 4; i += kWarp) {
+            const float4 a = in4[i], b = w4[i];
+            dot = fmaf(a.x, b.x, dot); dot = fmaf(a.y, b.y, dot); dot = fmaf(a.z, b.z, dot); dot = fmaf(a.w, b.w, dot);
+        }
+    } else {
+        for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], w[i], dot);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) {
+        float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
+        probability[e] = 1.0f / (1.0f + expf(-dot));
+        probability[experts + e] = probability[e] + correction[e];
+    }
+}
+
+// Expert selection of one row from tf_route_logits' scratch: on the choice scores (group-limited
+// when groups > 1), weights from the unbiased sigmoid, normalised, scaled. Writes each row's
+// experts in ascending index and their weights, `slots` per row: top_k, or top_k + 1 with the
+// merged shared expert last. One 256-thread block per row.
+//
+// For the gate/up launch of the experts, which runs 2·rows·top_k items, it also writes the items'
+// layers (gate table entries 0..experts-1, then up entries experts..2·experts-1) and source rows.
+// With `prompt_layers`, rows flagged in `row_prompt` take the prompt path: their experts go to
+// prompt_layers and the GEMV's layers (experts_out, pair_layers) say -1, and the other way round.
+extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ experts_out, float* __restrict__ weights_out,
+                                                           int* __restrict__ pair_layers, int* __restrict__ pair_rows,
+                                                           const int* __restrict__ row_prompt, int* __restrict__ prompt_layers,
+                                                           float* __restrict__ scratch, int rows, int experts, int top_k, int slots,
+                                                           int groups, int groups_per_token, int normalize, float scaling) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
+    float* choice = probability + experts;
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    __syncthreads();
+    if (groups > 1 && threadIdx.x == 0) {
+        const int per_group = experts / groups;
+        unsigned long long keep = 0;  // groups <= 64 here
+        for (int pick = 0; pick < groups_per_token; ++pick) {
+            int best = -1;
+            float best_score = 0.f;
+            for (int g = 0; g < groups; ++g) {
+                if (keep & (1ull << g)) continue;
+                float first = -INFINITY, second = -INFINITY;
+                for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+                    if (choice[e] > first) { second = first; first = choice[e]; } else if (choice[e] > second) second = choice[e];
+                }
+                if (best < 0 || first + second > best_score) { best = g; best_score = first + second; }
+            }
+            keep |= 1ull << best;
+        }
+        for (int g = 0; g < groups; ++g)
+            if (!(keep & (1ull << g)))
+                for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = -INFINITY;  // transformers' mask
+    }
+    __syncthreads();
+    // Top-k, one slot at a time: every thread scans its experts, then the block keeps the highest
+    // score, the lowest index on a tie (the CPU router's rule). Taken experts are marked in `choice`
+    // by -inf after their slot.
+    __shared__ float best_score_sh[8];
+    __shared__ int best_index_sh[8];
+    int* chosen = experts_out + static_cast<size_t>(row) * slots;
+    for (int slot = 0; slot < top_k; ++slot) {
+        float best_score = -INFINITY;
+        int best = experts;
+        for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+            const float c = choice[e];
+            if (c > best_score || (c == best_score && e < best)) { best_score = c; best = e; }
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            const float other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, offset);
+            const int other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
+            if (other_score > best_score || (other_score == best_score && other < best)) { best_score = other_score; best = other; }
+        }
+        if (lane == 0) { best_score_sh[warp] = best_score; best_index_sh[warp] = best; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < 8; ++w) {
+                if (best_score_sh[w] > best_score_sh[0] || (best_score_sh[w] == best_score_sh[0] && best_index_sh[w] < best_index_sh[0])) {
+                    best_score_sh[0] = best_score_sh[w];
+                    best_index_sh[0] = best_index_sh[w];
+                }
+            }
+            chosen[slot] = best_index_sh[0];
+            choice[best_index_sh[0]] = -INFINITY;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
+        for (int j = i; j > 0 && chosen[j - 1] > chosen[j]; --j) { const int t = chosen[j]; chosen[j] = chosen[j - 1]; chosen[j - 1] = t; }
+    // A merged shared expert (slots = top_k + 1) is table entry `experts`, last, with weight 1.
+    if (slots > top_k) chosen[top_k] = experts;
+    const int entries = experts + (slots > top_k);  // table entries per projection
+    const size_t items = static_cast<size_t>(rows) * slots;
+    for (int slot = 0; slot < slots; ++slot) {
+        const size_t i = static_cast<size_t>(row) * slots + slot;
+        pair_layers[i] = chosen[slot];
+        pair_layers[items + i] = entries + chosen[slot];
+        pair_rows[i] = row;
+        pair_rows[items + i] = row;
+    }
+    float total = 0.f;
+    for (int slot = 0; slot < top_k; ++slot) total += probability[chosen[slot]];
+    for (int slot = 0; slot < top_k; ++slot) {
+        float w = probability[chosen[slot]];
+        if (normalize) w /= total + 1e-20f;
+        weights_out[static_cast<size_t>(row) * slots + slot] = w * scaling;
+    }
+    if (slots > top_k) weights_out[static_cast<size_t>(row) * slots + top_k] = 1.0f;
+    if (!prompt_layers) return;
+    // A prompt row's items go to the prompt kernels, a generated row's to the GEMV: each path sees
+    // layer -1 for the other's items.
+    const bool prompt = row_prompt[row] != 0;
+    for (int slot = 0; slot < slots; ++slot) {
+        const size_t i = static_cast<size_t>(row) * slots + slot;
+        prompt_layers[i] = prompt ? chosen[slot] : -1;
+        if (!prompt) continue;
+        chosen[slot] = -1;
+        pair_layers[i] = -1;
+        pair_layers[items + i] = -1;
+    }
+}
+
+// out[row] = Σ_slot weight · expert_out[row·top_k + slot] in slot (= ascending expert) order, then
+// + shared[row] when given.
+extern "C" __global__ void tf_moe_combine(const float* __restrict__ expert_out, const float* __restrict__ weights,
+                                          const float* __restrict__ shared, float* __restrict__ out,
+                                          int rows, int top_k, int hidden) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * hidden) return;
+    const int row = i / hidden;
+    const int d = i % hidden;
+    float sum = 0.f;
+    for (int slot = 0; slot < top_k; ++slot)
+        sum += expert_out[(static_cast<size_t>(row) * top_k + slot) * hidden + d] * weights[row * top_k + slot];
+    if (shared) sum += shared[i];
+    out[i] = sum;
+}

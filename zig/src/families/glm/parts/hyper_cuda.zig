@@ -1,0 +1,62 @@
+//! The GPU side of hyper-connections (parts/hyper.zig) and the forward of a model that has them, as
+//! forward_cpu.zig runs it: model.hidden holds each row's `mult` streams; per site tf_hc_enter
+//! collapses them into model.collapsed (then the site's RMSNorm into model.normed), the sublayer
+//! runs, and tf_hc_leave mixes its output back into the streams; the head reads their mean. The
+//! plain forward fuses each residual add with the next norm; here the site's maps stand between.
+const std = @import("std");
+const core = @import("../../../core/root.zig");
+const cuda = @import("../../../cuda/root.zig");
+const model_mod = @import("../cuda_model.zig");
+const weights_mod = @import("../weights.zig");
+const hyper = @import("hyper.zig");
+const config_mod = @import("../config.zig");
+const GpuModel = model_mod.GpuModel;
+const Error = model_mod.Error;
+const Diagnostic = core.Diagnostic;
+const Ptr = cuda.gpu.DevicePtr;
+const K = cuda.glm_kernels;
+const H = cuda.hyper_kernels;
+
+pub const GpuSites = struct { attn: H.Site, ffn: H.Site };
+
+pub fn checkShape(c: *const config_mod.Config, diag: *Diagnostic) Error!void {
+    if (c.hyper.mult > H.mult_max) {
+        diag.set("the CUDA hyper-connection kernels take hc_mult up to {d}; this model has {d}", .{ H.mult_max, c.hyper.mult });
+        return error.UnsupportedModel;
+    }
+}
+
+pub fn upload(model: *GpuModel, sites: *const weights_mod.HyperSites, diag: *Diagnostic) Error!GpuSites {
+    return .{ .attn = try uploadSite(model, &sites.attn, diag), .ffn = try uploadSite(model, &sites.ffn, diag) };
+}
+
+fn uploadSite(model: *GpuModel, site: *const hyper.Site, diag: *Diagnostic) Error!H.Site {
+    return .{ .mix = try model.putF32(site.mix, diag), .base = try model.putF32(site.base, diag), .scale = try model.putF32(site.scale, diag) };
+}
+
+/// The whole forward of a hyper-connected model, queued on the stream (cuda_model.enqueue's
+/// counterpart); `sublayers` runs a layer's attention or FFN part into model.projected or
+/// model.ffn_out.
+pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, diag: *Diagnostic) Error!void {
+    const c = model.config;
+    const m = c.hyper.mult;
+    const d = c.hidden_size;
+    const hk: H.Kernels = .{ .gpu = &model.gpu, .module = &model.hyper_module.?, .diag = diag };
+    try k.embed(model.tokens, model.embed, model.collapsed, rows, d);
+    try hk.spread(model.collapsed, model.hidden, rows, m, d);
+    for (model.blocks, 0..) |*block, layer| {
+        const sites = block.hyper.?;
+        try hk.enter(model.hidden, sites.attn, model.hyper_raw, model.maps, model.collapsed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
+        try k.rmsnorm(model.collapsed, block.input_norm, model.normed, rows, d, c.rms_norm_eps);
+        try model.attentionPart(k, block, layer, rows);
+        try hk.leave(model.hidden, model.maps, model.projected, rows, m, d);
+        try hk.enter(model.hidden, sites.ffn, model.hyper_raw, model.maps, model.collapsed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
+        try k.rmsnorm(model.collapsed, block.post_attention_norm, model.normed, rows, d, c.rms_norm_eps);
+        try model.ffnPart(k, block, rows);
+        try hk.leave(model.hidden, model.maps, model.ffn_out, rows, m, d);
+    }
+    if (wanted == 0) return;
+    try hk.mean(model.hidden, model.collapsed, rows, m, d);
+    try k.rmsnorm(model.collapsed, model.norm, model.normed, rows, d, c.rms_norm_eps);
+    try model.head(k, wanted);
+}
