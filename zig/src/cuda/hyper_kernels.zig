@@ -43,8 +43,8 @@ pub const Kernels = struct {
         const mixes = (2 + m) * m;
         try k.run("tf_hc_mix", .{ @intCast(rows), @intCast(mixes + 1), 1 }, threads, .{ streams, site.mix, raw, @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)) });
         try k.run("tf_hc_maps", .{ @intCast(rows), 1, 1 }, 32, .{
-            raw,                        site.base, site.scale,                    maps,     @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)),
-            @as(c_int, @intCast(hidden)), norm_eps, hc_eps, @as(c_int, @intCast(iters)),
+            raw,                          site.base, site.scale, maps,                        @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)),
+            @as(c_int, @intCast(hidden)), norm_eps,  hc_eps,     @as(c_int, @intCast(iters)),
         });
         try k.run("tf_hc_collapse", .{ @intCast(rows), columns(hidden), 1 }, threads, .{ streams, maps, collapsed, @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)) });
     }

@@ -37,9 +37,9 @@ pub const Kernels = struct {
     /// Each row's [LayerNorm(key) | gates] (key, gates: rows x 128) into its slot of `p.cache`.
     pub fn store(k: Kernels, key: Ptr, gates: Ptr, norm_weight: Ptr, norm_bias: Ptr, p: mla.Paged, eps: f32) Error!void {
         try k.run("tf_kpool_store", .{ @intCast(p.rows), 1, 1 }, head_dim, .{
-            key,                                gates,                          norm_weight,                   norm_bias, p.cache,
-            p.positions,                        p.tables,                       p.table_offsets,               @as(c_int, @intCast(p.rows)),
-            eps,                                @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)), @as(c_int, @intCast(p.page_tokens)),
+            key,                            gates,                         norm_weight,                         norm_bias,                    p.cache,
+            p.positions,                    p.tables,                      p.table_offsets,                     @as(c_int, @intCast(p.rows)), eps,
+            @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)), @as(c_int, @intCast(p.page_tokens)),
         });
     }
 
@@ -52,10 +52,10 @@ pub const Kernels = struct {
         const weight_scale: f32 = @floatCast(1.0 / @sqrt(@as(f64, @floatFromInt(heads))));
         const tiles: u32 = @intCast(std.math.divCeil(usize, context_max, pools_per_block) catch unreachable);
         try k.run("tf_kpool_scores", .{ @intCast(chunk), tiles, 1 }, score_threads, .{
-            q,                                  weights,                        p.cache,                       ape,                                 p.positions,
-            p.tables,                           p.table_offsets,                out,                           @as(c_int, @intCast(first)),         @as(c_int, @intCast(p.rows)),
-            @as(c_int, @intCast(heads)),        @as(c_int, @intCast(pool)),     score_scale,                   weight_scale,                        @as(c_int, @intCast(context_max)),
-            @as(c_int, @intCast(p.layers)),     @as(c_int, @intCast(p.layer)),  @as(c_int, @intCast(p.page_tokens)),
+            q,                              weights,                       p.cache,                             ape,                         p.positions,
+            p.tables,                       p.table_offsets,               out,                                 @as(c_int, @intCast(first)), @as(c_int, @intCast(p.rows)),
+            @as(c_int, @intCast(heads)),    @as(c_int, @intCast(pool)),    score_scale,                         weight_scale,                @as(c_int, @intCast(context_max)),
+            @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)), @as(c_int, @intCast(p.page_tokens)),
         });
     }
 
@@ -63,7 +63,7 @@ pub const Kernels = struct {
     /// into selected (rows x stride) and counts.
     pub fn expand(k: Kernels, picks: Ptr, pick_counts: Ptr, positions: Ptr, selected: Ptr, counts: Ptr, rows: usize, keep: usize, pool: usize, stride: usize, tail: bool) Error!void {
         try k.run("tf_kpool_expand", .{ @intCast(rows), 1, 1 }, 256, .{
-            picks,                      pick_counts,                positions,                  selected,                    counts,
+            picks,                      pick_counts,                positions,                  selected,                     counts,
             @as(c_int, @intCast(rows)), @as(c_int, @intCast(keep)), @as(c_int, @intCast(pool)), @as(c_int, @intCast(stride)), @as(c_int, @intFromBool(tail)),
         });
     }
