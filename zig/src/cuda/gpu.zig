@@ -237,6 +237,15 @@ pub const Launch = struct {
     shared_bytes: u32 = 0,
 };
 
+/// `launch` given the argument values themselves (a tuple of runtime values: a comptime-known one
+/// would be a comptime field, without an address), copied here and passed by address.
+pub fn launchValues(gpu: *const Gpu, function: driver_api.Function, config: Launch, values: anytype, what: []const u8, diag: *Diagnostic) Error!void {
+    var copy = values;
+    var pointers: [copy.len]*const anyopaque = undefined;
+    inline for (0..copy.len) |i| pointers[i] = @ptrCast(&copy[i]);
+    try launch(gpu, function, config, pointers, what, diag);
+}
+
 /// `args` is a tuple of pointers to each kernel argument, in order.
 pub fn launch(gpu: *const Gpu, function: driver_api.Function, config: Launch, args: anytype, what: []const u8, diag: *Diagnostic) Error!void {
     var params: [args.len]?*const anyopaque = undefined;

@@ -27,10 +27,7 @@ pub const Kernels = struct {
     diag: *Diagnostic,
 
     fn run(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, args: anytype) Error!void {
-        var a = args;
-        var ptrs: [a.len]?*anyopaque = undefined;
-        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 } }, ptrs, "launch " ++ name, k.diag);
+        try gpu_mod.launchValues(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 } }, args, "launch " ++ name, k.diag);
     }
 
     fn columns(hidden: usize) u32 {

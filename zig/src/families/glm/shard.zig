@@ -153,22 +153,20 @@ fn shardMla(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Ml
         .kv_b = kv_b,
         .kv_b_dense = try arena.dupe(f32, a.kv_b_dense[kv_b_range.begin * m.kv_lora_rank ..][0..rows]),
         .o = try cleanup.keep(try sliceLinear(gpa, &a.o, .rows, o_range, rank == 0)),
-        .indexer = if (a.indexer) |*ix| .{
-            .wq_b = try cleanup.keep(try copyLinear(gpa, &ix.wq_b)),
-            .wk = try cleanup.keep(try copyLinear(gpa, &ix.wk)),
-            .weights_proj = try cleanup.keep(try copyLinear(gpa, &ix.weights_proj)),
-            .k_norm_weight = ix.k_norm_weight,
-            .k_norm_bias = ix.k_norm_bias,
-        } else null,
-        .pooled = if (a.pooled) |*ix| .{
-            .wq_b = try cleanup.keep(try copyLinear(gpa, &ix.wq_b)),
-            .wk = try cleanup.keep(try copyLinear(gpa, &ix.wk)),
-            .weights_proj = try cleanup.keep(try copyLinear(gpa, &ix.weights_proj)),
-            .k_norm_weight = ix.k_norm_weight,
-            .k_norm_bias = ix.k_norm_bias,
-            .gate = ix.gate,
-            .ape = ix.ape,
-        } else null,
+        .indexer = if (a.indexer) |*ix| try copyIndexer(cleanup, ix) else null,
+        .pooled = if (a.pooled) |*ix| .{ .keys = try copyIndexer(cleanup, &ix.keys), .gate = ix.gate, .ape = ix.ape } else null,
+    };
+}
+
+/// The DSA indexer whole on every rank (its heads are not the attention's).
+fn copyIndexer(cleanup: *Cleanup, ix: *const dsa.Indexer) Error!dsa.Indexer {
+    const gpa = cleanup.gpa;
+    return .{
+        .wq_b = try cleanup.keep(try copyLinear(gpa, &ix.wq_b)),
+        .wk = try cleanup.keep(try copyLinear(gpa, &ix.wk)),
+        .weights_proj = try cleanup.keep(try copyLinear(gpa, &ix.weights_proj)),
+        .k_norm_weight = ix.k_norm_weight,
+        .k_norm_bias = ix.k_norm_bias,
     };
 }
 

@@ -13,6 +13,7 @@ const Config = @import("config.zig").Config;
 const Mlp = @import("parts/mlp.zig").Mlp;
 const Mla = @import("parts/mla.zig").Mla;
 const Kda = @import("parts/kda.zig").Kda;
+const dsa = @import("parts/dsa.zig");
 const hyper = @import("parts/hyper.zig");
 
 pub const Error = error{OutOfMemory};
@@ -107,21 +108,23 @@ const Maker = struct {
             .kv_b_dense = kv_b.kind.dense.weight,
             .o = try m.linear(c.heads * a.v_dim, h, bits, a.bias),
             .pooled = if (c.plan[layer].indexer != .full or c.indexer.pool == 0) null else .{
-                .wq_b = try m.linear(a.q_lora_rank, c.indexer.heads * c.indexer.head_dim, bits, false),
-                .wk = try m.dense(h, c.indexer.head_dim, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
-                .weights_proj = try m.dense(h, c.indexer.heads, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
-                .k_norm_weight = try m.values(c.indexer.head_dim, 1.0, 0.05),
-                .k_norm_bias = try m.values(c.indexer.head_dim, 0.0, 0.05),
+                .keys = try m.indexer(c, bits),
                 .gate = try m.values(c.indexer.head_dim * h, 0, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
                 .ape = try m.values(c.indexer.pool * c.indexer.head_dim, 0, 0.1),
             },
-            .indexer = if (c.plan[layer].indexer != .full or c.indexer.pool > 0) null else .{
-                .wq_b = try m.linear(a.q_lora_rank, c.indexer.heads * c.indexer.head_dim, bits, false),
-                .wk = try m.dense(h, c.indexer.head_dim, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
-                .weights_proj = try m.dense(h, c.indexer.heads, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
-                .k_norm_weight = try m.values(c.indexer.head_dim, 1.0, 0.05),
-                .k_norm_bias = try m.values(c.indexer.head_dim, 0.0, 0.05),
-            },
+            .indexer = if (c.plan[layer].indexer != .full or c.indexer.pool > 0) null else try m.indexer(c, bits),
+        };
+    }
+
+    /// The DSA indexer's projections: wq_b EXL3, the small wk and weights_proj unquantized.
+    fn indexer(m: Maker, c: *const Config, bits: u4) Error!dsa.Indexer {
+        const h = c.hidden_size;
+        return .{
+            .wq_b = try m.linear(c.mla.q_lora_rank, c.indexer.heads * c.indexer.head_dim, bits, false),
+            .wk = try m.dense(h, c.indexer.head_dim, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+            .weights_proj = try m.dense(h, c.indexer.heads, 1.0 / @sqrt(@as(f32, @floatFromInt(h)))),
+            .k_norm_weight = try m.values(c.indexer.head_dim, 1.0, 0.05),
+            .k_norm_bias = try m.values(c.indexer.head_dim, 0.0, 0.05),
         };
     }
 

@@ -72,14 +72,9 @@ pub fn upload(model: *GpuModel, source: *const Indexer, diag: *Diagnostic) Error
 pub fn uploadPooled(model: *GpuModel, source: *const PooledIndexer, diag: *Diagnostic) Error!GpuIndexer {
     const c = model.config;
     const gate: Linear = .{ .in_features = c.hidden_size, .out_features = c.indexer.head_dim, .kind = .{ .dense = .{ .weight = source.gate, .bias = null } } };
-    return .{
-        .wq_b = try model.uploadLinear(&source.wq_b, diag),
-        .wk = try model.uploadLinear(&source.wk, diag),
-        .weights_proj = try model.uploadLinear(&source.weights_proj, diag),
-        .k_norm_weight = try model.putF32(source.k_norm_weight, diag),
-        .k_norm_bias = try model.putF32(source.k_norm_bias, diag),
-        .pooled = .{ .gate = try model.uploadLinear(&gate, diag), .ape = try model.putF32(source.ape, diag) },
-    };
+    var result = try upload(model, &source.keys, diag);
+    result.pooled = .{ .gate = try model.uploadLinear(&gate, diag), .ape = try model.putF32(source.ape, diag) };
+    return result;
 }
 
 pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
@@ -121,20 +116,25 @@ pub fn select(model: *GpuModel, k: K.Kernels, indexer: *const GpuIndexer, layer:
     try model.runLinear(k, &indexer.wq_b, model.mla.?.q_latent, b.q, rows, 0);
     try model.runLinear(k, &indexer.wk, model.normed, b.key, rows, 0);
     try model.runLinear(k, &indexer.weights_proj, model.normed, b.weights, rows, 0);
-    const paged: M.Paged = .{
-        .cache = b.cache,
-        .positions = model.positions,
-        .tables = model.tables,
-        .table_offsets = model.table_offsets,
-        .rows = rows,
-        .layers = c.countOf("indexer", .full),
-        .layer = layer,
-        .page_tokens = model.limits.page_tokens,
-    };
+    const paged = keyCache(model, layer, rows);
     try dk.prepare(b.q, b.key, b.weights, indexer.k_norm_weight, indexer.k_norm_bias, model.cos_sin, paged, ix.heads, ix.eps);
     const result = selection(model);
     try dk.select(b.q, b.weights, b.scores, result, paged, ix.heads, model.limits.context_max);
     return result;
+}
+
+/// The indexer key cache of full-indexer layer `layer` and the step's rows.
+fn keyCache(model: *const GpuModel, layer: usize, rows: usize) M.Paged {
+    return .{
+        .cache = model.dsa.?.cache,
+        .positions = model.positions,
+        .tables = model.tables,
+        .table_offsets = model.table_offsets,
+        .rows = rows,
+        .layers = model.config.countOf("indexer", .full),
+        .layer = layer,
+        .page_tokens = model.limits.page_tokens,
+    };
 }
 
 /// The pooled indexer's selection: keys and gate scores into the cache, the complete pools scored
@@ -149,16 +149,7 @@ fn selectPooled(model: *GpuModel, k: K.Kernels, dk: D.Kernels, indexer: *const G
     try model.runLinear(k, &indexer.wk, model.normed, b.key, rows, 0);
     try model.runLinear(k, &indexer.weights_proj, model.normed, b.weights, rows, 0);
     try model.runLinear(k, &pooled.gate, model.normed, b.gates, rows, 0);
-    const paged: M.Paged = .{
-        .cache = b.cache,
-        .positions = model.positions,
-        .tables = model.tables,
-        .table_offsets = model.table_offsets,
-        .rows = rows,
-        .layers = c.countOf("indexer", .full),
-        .layer = layer,
-        .page_tokens = model.limits.page_tokens,
-    };
+    const paged = keyCache(model, layer, rows);
     try kp.store(b.key, b.gates, indexer.k_norm_weight, indexer.k_norm_bias, paged, ix.eps);
     const keep = ix.topk / ix.pool;
     const context_max = model.limits.context_max;

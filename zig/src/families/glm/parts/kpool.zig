@@ -17,11 +17,8 @@ const dsa = @import("dsa.zig");
 const dot = @import("../linear.zig").dot;
 
 pub const Indexer = struct {
-    wq_b: Linear,
-    wk: Linear,
-    weights_proj: Linear,
-    k_norm_weight: []f32,
-    k_norm_bias: []f32,
+    /// wq_b, wk, weights_proj and k_norm, as the token-level indexer has them.
+    keys: dsa.Indexer,
     /// (head_dim, hidden): the gate scores' projection.
     gate: []f32,
     /// (pool, head_dim): the gate's offset by place in the pool.
@@ -33,22 +30,18 @@ pub const Indexer = struct {
         var buffer: [256]u8 = undefined;
         const name = loader_mod.join;
         return .{
-            .wq_b = try loader.linear(name(&buffer, prefix, "wq_b"), c.mla.q_lora_rank, ix.heads * ix.head_dim, .none),
-            .wk = try loader.linear(name(&buffer, prefix, "wk"), c.hidden_size, ix.head_dim, .none),
-            .weights_proj = try loader.linear(name(&buffer, prefix, "weights_proj"), c.hidden_size, ix.heads, .none),
-            .k_norm_weight = try loader.vector(name(&buffer, prefix, "k_norm.weight"), ix.head_dim),
-            .k_norm_bias = try loader.vector(name(&buffer, prefix, "k_norm.bias"), ix.head_dim),
+            .keys = try dsa.Indexer.load(loader, prefix),
             .gate = try loader.matrix(name(&buffer, prefix, "index_kpool_compress_gate"), ix.head_dim, c.hidden_size),
             .ape = try loader.matrix(name(&buffer, prefix, "index_kpool_compress_ape"), ix.pool, ix.head_dim),
         };
     }
 
     pub fn deinit(indexer: *Indexer, gpa: std.mem.Allocator) void {
-        for ([_]*Linear{ &indexer.wq_b, &indexer.wk, &indexer.weights_proj }) |linear| linear.deinit(gpa);
+        indexer.keys.deinit(gpa);
     }
 
     pub fn scratchLength(indexer: *const Indexer, rows: usize) usize {
-        return @max(indexer.wq_b.scratchLength(rows), indexer.wk.scratchLength(rows), indexer.weights_proj.scratchLength(rows));
+        return indexer.keys.scratchLength(rows);
     }
 
     /// Every row's selection into `scratch.selected`/`counts`, as dsa.Indexer.select.
@@ -58,14 +51,15 @@ pub const Indexer = struct {
         const d = ix.head_dim;
         const keys = scratch.keys[0 .. rows * d];
         const weights = scratch.weights[0 .. rows * ix.heads];
-        indexer.wq_b.forward(rows, q_latent, scratch.q[0 .. rows * ix.heads * d], linear_scratch);
-        indexer.wk.forward(rows, x, keys, linear_scratch);
-        indexer.weights_proj.forward(rows, x, weights, linear_scratch);
+        const k = &indexer.keys;
+        k.wq_b.forward(rows, q_latent, scratch.q[0 .. rows * ix.heads * d], linear_scratch);
+        k.wk.forward(rows, x, keys, linear_scratch);
+        k.weights_proj.forward(rows, x, weights, linear_scratch);
         const head_scale: f32 = @floatCast(1.0 / @sqrt(@as(f64, @floatFromInt(ix.heads))));
         for (weights) |*w| w.* *= head_scale;
         for (0..rows) |r| {
             const key = keys[r * d ..][0..d];
-            ops.layerNorm(key, indexer.k_norm_weight, indexer.k_norm_bias, ix.eps, key);
+            ops.layerNorm(key, k.k_norm_weight, k.k_norm_bias, ix.eps, key);
             const position = batch.positions[r];
             const at = cache.offset(batch.page_tables[r][position / cache.page_tokens], layer, position % cache.page_tokens);
             const entry = cache.keys[at..][0 .. 2 * d];
