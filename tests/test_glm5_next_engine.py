@@ -142,6 +142,31 @@ def test_tensor_parallel_equals_one_rank(fixture):
         assert two.generate(tokens, max_tokens=8, stop_token_ids=[]) == engine.generate(tokens, max_tokens=8, stop_token_ids=[])
 
 
+def test_two_processes_on_loopback_equal_two_threads_bit_for_bit(fixture):
+    """Across processes each step's plan carries every row's sequence slot, so each rank's part of
+    the recurrent state is the one of that sequence; the bits are those of two ranks in one process.
+    On GPUs the class is refused by name until it has been run there."""
+    from server_process import free_port
+    from test_tensor_parallel import start_worker
+    root, engine = fixture
+    directory = root / "exl3_3.0bpw"
+    p = prompts(root)
+    master = f"127.0.0.1:{free_port()}"
+    worker = start_worker(directory, 1, master)
+    try:
+        with trellisforge.Engine(directory, max_seqs=2, tp_world=2, tp_master=master) as over_tcp, \
+                trellisforge.Engine(directory, max_seqs=2, tp_world=2) as threads:
+            for name in ("chat", "long"):
+                assert np.array_equal(over_tcp.logits(p[name]).view(np.uint32), threads.logits(p[name]).view(np.uint32)), name
+            assert over_tcp.generate(p["chat"], 8, stop_token_ids=[]) == engine.generate(p["chat"], 8, stop_token_ids=[])
+        assert worker.wait(timeout=30) == 0, worker.stdout.read()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    with pytest.raises(TrellisError, match="not been run tensor-parallel on GPUs"):
+        trellisforge.Engine(directory, backend="cuda", max_seqs=1, tp_world=2, tp_master=f"127.0.0.1:{free_port()}")
+
+
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "hf_modules"])
 def test_variants_match_the_float64_reference(tmp_path, variant):
     """The configs and tensor forms the fixture does not carry (softplus gate, no tail, pools of 1

@@ -1,6 +1,6 @@
 //! Tensor parallelism across processes (one per node or GPU): rank 0 runs the engine and the
-//! scheduler, sends each step's plan (tokens, positions, which rows are prompt rows, page tables,
-//! how many logits rows) to the workers over TCP, and every rank runs the same forward on its
+//! scheduler, sends each step's plan (tokens, positions, which rows are prompt rows, each row's
+//! sequence slot, page tables, how many logits rows) to the workers over TCP, and every rank runs the same forward on its
 //! shard. On the CPU backend the two all-reduces per layer go over the same sockets (rank 0 sums
 //! in rank order and returns the sum, so every rank holds the same bits). A peer that dies or
 //! stops answering fails the step with a message; it never hangs the master.
@@ -34,6 +34,8 @@ pub const Shape = extern struct {
     page_tokens: u32,
     pages_per_sequence: u32,
     logits_rows_max: u32,
+    /// Sequence slots: each rank keeps its heads' part of every slot's recurrent (KDA) state.
+    sequences: u32,
 };
 
 /// GPU of this host for `rank`: TRELLISFORGE_GPU when set, else the rank (one GPU per rank on a
@@ -123,14 +125,14 @@ pub const Rank = struct {
         errdefer self.weights.deinit(gpa);
         const c = self.weights.config;
         const on_gpu = shape.backend == 1;
-        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, shape.pages, shape.page_tokens, 0);
+        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, shape.pages, shape.page_tokens, shape.sequences);
         errdefer if (self.cache) |*cache| cache.deinit(gpa);
         self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
         errdefer self.scratch.deinit();
         self.partials = try gpa.alloc(f32, 2 * shape.rows_max * c.hidden_size);
         errdefer gpa.free(self.partials);
         self.host_values = self.partials[shape.rows_max * c.hidden_size ..];
-        self.plan = try gpa.alloc(u32, 4 * shape.rows_max + shape.rows_max * shape.pages_per_sequence);
+        self.plan = try gpa.alloc(u32, 5 * shape.rows_max + shape.rows_max * shape.pages_per_sequence);
         errdefer gpa.free(self.plan);
         self.tables = try gpa.alloc([]const u32, shape.rows_max);
         errdefer gpa.free(self.tables);
@@ -145,6 +147,7 @@ pub const Rank = struct {
                 .pages = shape.pages,
                 .page_tokens = shape.page_tokens,
                 .pages_per_sequence = shape.pages_per_sequence,
+                .sequences = shape.sequences,
             }, diag);
         }
         errdefer if (self.gpu) |g| g.deinit();
@@ -186,14 +189,18 @@ pub const Rank = struct {
         var tables_len: usize = 0;
         for (batch.page_tables) |t| tables_len += t.len;
         const header: Header = .{ .kind = kind_forward, .rows = @intCast(batch.rows()), .logits_rows = @intCast(batch.logits_rows.len), .tables_len = @intCast(tables_len) };
-        const flags = self.plan[0..batch.rows()];
+        const rows = batch.rows();
+        const flags = self.plan[0..rows];
         for (flags, 0..) |*flag, r| flag.* = @intFromBool(r < batch.prompt.len and batch.prompt[r]);
+        const slots = self.plan[rows..][0..rows];
+        for (slots, 0..) |*slot, r| slot.* = if (r < batch.sequences.len) batch.sequences[r] else 0;
         for (self.peers[0 .. self.shape.world - 1]) |*peer| {
             errdefer self.failure = diag.*;
             try peer.sendValue(header, diag);
             try peer.sendAll(std.mem.sliceAsBytes(batch.tokens), diag);
             try peer.sendAll(std.mem.sliceAsBytes(batch.positions), diag);
             try peer.sendAll(std.mem.sliceAsBytes(flags), diag);
+            try peer.sendAll(std.mem.sliceAsBytes(slots), diag);
             for (batch.page_tables) |t| try peer.sendValue(@as(u32, @intCast(t.len)), diag);
             for (batch.page_tables) |t| try peer.sendAll(std.mem.sliceAsBytes(t), diag);
         }
@@ -216,11 +223,17 @@ pub const Rank = struct {
             const tokens = self.plan[0..rows];
             const positions = self.plan[rows..][0..rows];
             const flags = self.plan[2 * rows ..][0..rows];
-            const lengths = self.plan[3 * rows ..][0..rows];
-            const flat = self.plan[4 * rows ..][0..header.tables_len];
+            const slots = self.plan[3 * rows ..][0..rows];
+            const lengths = self.plan[4 * rows ..][0..rows];
+            const flat = self.plan[5 * rows ..][0..header.tables_len];
             try self.master.recvAll(std.mem.sliceAsBytes(tokens), diag);
             try self.master.recvAll(std.mem.sliceAsBytes(positions), diag);
             try self.master.recvAll(std.mem.sliceAsBytes(flags), diag);
+            try self.master.recvAll(std.mem.sliceAsBytes(slots), diag);
+            for (slots) |slot| if (slot >= @max(self.shape.sequences, 1)) {
+                diag.set("malformed plan from the master: sequence slot {d} of {d}", .{ slot, self.shape.sequences });
+                return error.NetworkFailed;
+            };
             try self.master.recvAll(std.mem.sliceAsBytes(lengths), diag);
             for (self.prompt[0..rows], flags) |*prompt, flag| prompt.* = flag != 0;
             try self.master.recvAll(std.mem.sliceAsBytes(flat), diag);
@@ -229,7 +242,7 @@ pub const Rank = struct {
                 table.* = flat[at..][0..length];
                 at += length;
             }
-            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{}, .prompt = self.prompt[0..rows] }, &.{}, diag);
+            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{}, .prompt = self.prompt[0..rows], .sequences = slots }, &.{}, diag);
             self.master.setTimeout(0);
         }
     }

@@ -172,8 +172,8 @@ pub const Engine = struct {
         engine.tensor_parallel = null;
         engine.distributed_rank = null;
         if (master) |m| {
-            if (model.countOf("attention", .kda) > 0) {
-                diag.set("tensor parallelism across processes does not carry GLM-5.3-Flash's per-sequence state yet: run it in one process (tp_world on the cpu backend) or with tp 1", .{});
+            if (model.hyper.mult > 0 and p.backend == @backingInt(Backend.cuda)) {
+                diag.set("GLM-5.3-Flash has not been run tensor-parallel on GPUs yet: run its ranks on the cpu backend, or one GPU with tp 1", .{});
                 return error.InvalidArgument;
             }
             if (p.tp_world < 2) {
@@ -190,6 +190,7 @@ pub const Engine = struct {
                 .pages = p.kv_pages,
                 .page_tokens = p.page_tokens,
                 .pages_per_sequence = @intCast(engine.sequences[0].pages.len),
+                .sequences = p.sequences_max,
             }, m.host, m.port, diag);
         } else if (p.tp_world > 1) {
             if (p.backend != @backingInt(Backend.cpu)) {
