@@ -54,6 +54,8 @@ VARIANTS = {
                        "indexer_types": ["full", "full", "shared", "full", "full"]},
     "hc_mult_2": {"hc_mult": 2},
     "hc_mult_1": {"hc_mult": 1},
+    "head_dims_64": {"linear_head_dim": 64, "index_head_dim": 64, "qk_nope_head_dim": 64, "v_head_dim": 64,
+                     "linear_attn_config": {"gate_lower_bound": -5.0, "head_dim": 64, "num_heads": 2, "short_conv_kernel_size": 4}},
     "group_limited_routing": {"n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3},
     # transformers' schedules: layers 0-2 dense whatever first_k_dense_replace says, every 4th layer DSA.
     "default_schedules": {"layer_types": None, "mlp_layer_types": None, "indexer_types": None},
