@@ -126,3 +126,32 @@ def test_cancelled_streams_are_counted(server):
             break
         time.sleep(0.05)
     assert cancelled() == before + 1
+
+
+def test_reasoning_effort_reaches_the_chat_template(tmp_path):
+    """GLM-5.3's templates print the request's reasoning_effort into the prompt: the server hands it
+    to the template (chat_template_kwargs win when both name it) and refuses efforts it does not know."""
+    source = checkpoint_dir("3.0")
+    model = tmp_path / "model"
+    model.mkdir()
+    for item in source.iterdir():
+        (model / item.name).symlink_to(item)
+    (model / "chat_template.jinja").unlink()
+    (model / "chat_template.jinja").write_text(
+        "[gMASK]<sop>{% if reasoning_effort %}<|system|>Reasoning Effort: {{ reasoning_effort }}{% endif %}"
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>")
+    tokenizer = Tokenizer(model)
+
+    def expected(effort=None):
+        return len(tokenizer.encode_chat(MESSAGES, **({"reasoning_effort": effort} if effort else {})))
+
+    with running_server("--model", str(model), "--model-name", "glm-tiny") as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+        plain = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, max_tokens=1)
+        low = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, max_tokens=1, reasoning_effort="low")
+        maximal = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, max_tokens=1,
+                                                 extra_body={"reasoning_effort": "max", "chat_template_kwargs": {"reasoning_effort": "Max"}})
+        assert plain.usage.prompt_tokens == expected() < low.usage.prompt_tokens == expected("low")
+        assert maximal.usage.prompt_tokens == expected("Max")
+        refused = httpx.post(f"{base}/v1/chat/completions", json={"model": "glm-tiny", "messages": MESSAGES, "reasoning_effort": "huge"}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning_effort"

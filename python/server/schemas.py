@@ -146,7 +146,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    # The OpenAI API's efforts and GLM-5.3's "max"; handed to the chat template as is.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "max"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("top_logprobs")

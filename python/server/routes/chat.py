@@ -24,9 +24,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.require_ready(body.model)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and body.tool_choice != "none" else None
     messages = template_messages(body)
+    template_kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort is not None:  # GLM-5.3's templates read it; others ignore it
+        template_kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     try:
         prompt_text = await asyncio.to_thread(state.tokenizer.render_chat, messages, tools=tools, add_generation_prompt=True,
-                                              **(body.chat_template_kwargs or {}))
+                                              **template_kwargs)
     except ValueError as error:  # TemplateError, or a template argument it cannot take
         raise ApiError(400, str(error), param="messages") from None
     except TypeError as error:
