@@ -350,14 +350,14 @@ pub const Engine = struct {
         sequence.mask_state = .masked;
     }
 
-    fn find(engine: *Engine, id: u64) ?*Sequence {
+    pub fn find(engine: *Engine, id: u64) ?*Sequence {
         for (engine.sequences) |*s| {
             if (s.state != .free and s.id == id) return s;
         }
         return null;
     }
 
-    fn slotOf(engine: *const Engine, sequence: *const Sequence) u32 {
+    pub fn slotOf(engine: *const Engine, sequence: *const Sequence) u32 {
         return @intCast((@intFromPtr(sequence) - @intFromPtr(engine.sequences.ptr)) / @sizeOf(Sequence));
     }
 
@@ -484,7 +484,7 @@ pub const Engine = struct {
 
     /// The planned batch through the model, on the engine's backend: the logits of the rows
     /// `wanted` names (all when null) and every logits row's summary.
-    fn runForward(engine: *Engine, rows: usize, logits_count: usize, wanted: ?[]const bool, jobs: usize, diag: *Diagnostic) Error!void {
+    pub fn runForward(engine: *Engine, rows: usize, logits_count: usize, wanted: ?[]const bool, jobs: usize, diag: *Diagnostic) Error!void {
         const batch: glm.forward_cpu.Batch = .{
             .tokens = engine.batch_tokens[0..rows],
             .positions = engine.batch_positions[0..rows],
@@ -520,7 +520,7 @@ pub const Engine = struct {
         return order[0..count];
     }
 
-    fn ensurePage(engine: *Engine, sequence: *Sequence, position: usize) void {
+    pub fn ensurePage(engine: *Engine, sequence: *Sequence, position: usize) void {
         const page_index = position / engine.params.page_tokens;
         assert(page_index <= sequence.pages_used);
         if (page_index < sequence.pages_used) return;
@@ -570,73 +570,8 @@ pub const Engine = struct {
     }
 
     /// Logits at every position of each prompt, as fresh sequences batched together: for
-    /// Engine.logits() and the batch-invariance checks. Needs the pages and slots to be free enough.
-    pub fn promptLogits(engine: *Engine, prompts: []const []const u32, out: []f32, diag: *Diagnostic) Error!void {
-        const vocab = engine.config().vocab_size;
-        var total: usize = 0;
-        for (prompts) |prompt| total += prompt.len;
-        if (out.len != total * vocab) {
-            diag.set("out holds {d} values; {d} positions x {d} vocab needs {d}", .{ out.len, total, vocab, total * vocab });
-            return error.InvalidArgument;
-        }
-        if (prompts.len > engine.sequences.len) {
-            diag.set("{d} prompts; the engine holds {d} sequences", .{ prompts.len, engine.sequences.len });
-            return error.InvalidArgument;
-        }
-        var ids: [256]u64 = undefined;
-        var added: usize = 0;
-        defer for (ids[0..added]) |id| engine.cancel(id, diag) catch {};
-        for (prompts) |prompt| {
-            const params: sampler.Params = .{ .max_tokens = 1 };
-            ids[added] = try engine.addSequence(prompt, params, &.{}, diag);
-            added += 1;
-        }
-        // Prompt logits bypass admission order: take the budgets now or refuse.
-        for (ids[0..added]) |id| {
-            const sequence = engine.find(id).?;
-            if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) {
-                diag.set("not enough free KV pages for these prompts now ({d} reserved of {d})", .{ engine.pages_reserved, engine.params.kv_pages });
-                return error.InvalidArgument;
-            }
-            engine.pages_reserved += sequence.pages_reserved;
-            sequence.state = .active;
-        }
-        var written: usize = 0;
-        var cursor: [256]usize = @splat(0);
-        while (written < total) {
-            var rows: usize = 0;
-            var logits_count: usize = 0;
-            for (prompts, ids[0..added], 0..) |prompt, id, p| {
-                const sequence = engine.find(id).?;
-                while (cursor[p] < prompt.len and rows < engine.params.rows_max and logits_count < engine.logits_rows_max) : (cursor[p] += 1) {
-                    const position = cursor[p];
-                    engine.ensurePage(sequence, position);
-                    engine.batch_tokens[rows] = prompt[position];
-                    engine.batch_positions[rows] = @intCast(position);
-                    engine.batch_slots[rows] = engine.slotOf(sequence);
-                    engine.batch_prompt[rows] = true;
-                    engine.logits_rows[logits_count] = @intCast(rows);
-                    engine.logits_slots[logits_count] = @intCast(p);
-                    rows += 1;
-                    logits_count += 1;
-                }
-            }
-            for (engine.batch_tables[0..rows], engine.batch_slots[0..rows]) |*table, slot| {
-                const sequence = &engine.sequences[slot];
-                table.* = sequence.pages[0..sequence.pages_used];
-            }
-            try engine.runForward(rows, logits_count, null, 0, diag);
-            // Rows are laid out prompt by prompt, positions ascending: place each in `out`.
-            for (0..logits_count) |i| {
-                const p = engine.logits_slots[i];
-                const position = engine.batch_positions[i];
-                var base: usize = 0;
-                for (prompts[0..p]) |prompt| base += prompt.len;
-                @memcpy(out[(base + position) * vocab ..][0..vocab], engine.logits[i * vocab ..][0..vocab]);
-            }
-            written += rows;
-        }
-    }
+    /// Engine.logits() and the batch-invariance checks (prompt_logits.zig).
+    pub const promptLogits = @import("prompt_logits.zig").promptLogits;
 };
 
 /// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or no
