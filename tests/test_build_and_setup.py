@@ -36,6 +36,16 @@ def test_a_rebuild_with_nothing_changed_runs_no_nvcc():
         assert "nvcc-version.txt" in block.splitlines()[1], (name, block)
 
 
+def test_every_kernel_header_is_an_input_of_the_fatbins():
+    """An edited .cuh must rebuild the fatbins that include it: zig/build/cuda.zig lists the headers
+    as file inputs of every nvcc step, and a header missing from that list would leave a stale
+    kernel in the library without a word."""
+    listed = set(re.findall(r'"(\w+\.cuh)"', (ROOT / "zig" / "build" / "cuda.zig").read_text()))
+    present = {p.name for p in (ROOT / "zig" / "kernels" / "cuda").glob("*.cuh")}
+    assert present, "no kernel headers found"
+    assert present == listed, {"not listed": sorted(present - listed), "listed, absent": sorted(listed - present)}
+
+
 def test_setup_says_what_it_does():
     """A set-up run on an already set-up tree: each step named as it starts and timed as it ends."""
     env = {**os.environ, "TF_NVCC": NVCC or ""}

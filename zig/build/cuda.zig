@@ -72,6 +72,22 @@ fn append(b: *std.Build, list: *std.ArrayList(u8), comptime fmt: []const u8, arg
     list.appendSlice(b.allocator, b.fmt(fmt, args)) catch @panic("OOM");
 }
 
+const headers = [_][]const u8{
+    "attention_decode.cuh",
+    "attention_prompt.cuh",
+    "dense_linear.cuh",
+    "exl3_codebook.cuh",
+    "exl3_gemv.cuh",
+    "exl3_hadamard.cuh",
+    "exl3_prompt.cuh",
+    "exl3_tile_decode.cuh",
+    "exl3_trellis.cuh",
+    "logits_summary.cuh",
+    "mma.cuh",
+    "moe_route.cuh",
+    "swiglu.cuh",
+};
+
 fn fatbin(
     b: *std.Build,
     nvcc: []const u8,
@@ -93,7 +109,9 @@ fn fatbin(
     // PTX of the newest arch lets a later GPU JIT the kernels instead of failing to load them.
     run.addArg(b.fmt("-gencode=arch=compute_{s},code=compute_{s}", .{ newest, newest }));
     run.addPrefixedDirectoryArg("-I", b.path("zig/kernels/cuda"));
-    for ([_][]const u8{ "exl3_codebook.cuh", "exl3_trellis.cuh", "exl3_gemv.cuh", "exl3_tile_decode.cuh", "exl3_hadamard.cuh", "exl3_prompt.cuh", "mma.cuh", "attention_prompt.cuh" }) |header| {
+    // Every header of zig/kernels/cuda is an input of every fatbin (test_build_and_setup checks the
+    // list is whole), so that editing one rebuilds what includes it.
+    for (headers) |header| {
         run.addFileInput(b.path(b.fmt("zig/kernels/cuda/{s}", .{header})));
     }
     run.addArg("-o");

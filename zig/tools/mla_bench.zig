@@ -18,6 +18,9 @@ const D = cuda.dsa_kernels;
 const Ptr = cuda.gpu.DevicePtr;
 
 const say = @import("say.zig").say;
+const bench_time = @import("bench_time.zig");
+const timeMedian = bench_time.timeMedian;
+const randomBuffer = bench_time.randomBuffer;
 
 const page_tokens = 16;
 const rows_max = 4;
@@ -85,16 +88,6 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
     say("\nDSA indexer of one GLM-5 layer ({d} heads x {d}, top-{d}), one row\n", .{ index_heads, D.head_dim, topk });
     say("{s:<8} {s:>10} {s:>12} {s:>9} {s:>8}\n", .{ "context", "us/layer", "keys MB", "GB/s", "% copy" });
     for (index_contexts) |context| try b.indexer(gpu, &dsa_module, context, copy_gbs, diag);
-}
-
-fn randomBuffer(gpa: std.mem.Allocator, gpu: *cuda.Gpu, floats: usize, diag: *Diagnostic) !Ptr {
-    const values = try gpa.alloc(f32, floats);
-    defer gpa.free(values);
-    var prng = std.Random.DefaultPrng.init(floats);
-    for (values) |*v| v.* = prng.random().floatNorm(f32) * 0.1;
-    const ptr = try gpu.alloc(floats * 4, diag);
-    try gpu.upload(ptr, std.mem.sliceAsBytes(values), diag);
-    return ptr;
 }
 
 const Buffers = struct {
@@ -170,18 +163,3 @@ const Buffers = struct {
         say("{d:<8} {d:>10.1} {d:>12.1} {d:>9.0} {d:>7.1}%\n", .{ context, median, mb, gbs, 100 * gbs / copy_gbs });
     }
 };
-
-/// Microseconds per call: the median of 3 timings of `repeats` calls, after one warm-up.
-fn timeMedian(gpu: *cuda.Gpu, repeats: usize, function: anytype, args: anytype, diag: *Diagnostic) !f64 {
-    try @call(.auto, function, args);
-    var timer = try cuda.gpu.Timer.create(gpu, diag);
-    defer timer.destroy(gpu);
-    var times: [3]f64 = undefined;
-    for (&times) |*t| {
-        try timer.begin(gpu, diag);
-        for (0..repeats) |_| try @call(.auto, function, args);
-        t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / @as(f64, @floatFromInt(repeats));
-    }
-    std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-    return times[1];
-}

@@ -1,7 +1,8 @@
 //! tf-bench: this GPU's ceilings and the EXL3 expert kernels, as tables (a benchmark, not a test;
 //! docs/measurements.md records runs).
 //!
-//!   tf-bench [--quick] [--attention | --mla]   (the ceilings and the attention or MLA table only)
+//!   tf-bench [--quick] [--attention | --mla | --next]   (the ceilings and the attention, MLA or
+//!                                                       GLM-5.3-Flash parts table only)
 //!
 //! 1. Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written per second.
 //! 2. The mma.sync rate (m16n8k16, f16 and bf16 inputs, f32 accumulate).
@@ -18,6 +19,8 @@
 //!      tile serving up to 64 rows, as the engine runs a prompt).
 //!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
 //! 4. Attention of one GLM-4.5-Air layer at contexts of 2k, 8k and 32k tokens (attention_bench.zig).
+//! --mla: MLA attention and the DSA indexer (mla_bench.zig); --next: GLM-5.3-Flash's KDA layer and
+//! hyper-connection site at full size (next_bench.zig).
 //! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
 const std = @import("std");
 const tf = @import("trellisforge");
@@ -30,15 +33,17 @@ const Ptr = cuda.gpu.DevicePtr;
 const say = @import("say.zig").say;
 const attention_bench = @import("attention_bench.zig");
 const mla_bench = @import("mla_bench.zig");
+const next_bench = @import("next_bench.zig");
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
     var quick = false;
     var attention_only = false;
     var mla_only = false;
+    var next_only = false;
     for (args[1..]) |arg| {
-        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else {
-            say("usage: tf-bench [--quick] [--attention | --mla]\n", .{});
+        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else if (std.mem.eql(u8, arg, "--next")) next_only = true else {
+            say("usage: tf-bench [--quick] [--attention | --mla | --next]\n", .{});
             return 2;
         }
     }
@@ -49,17 +54,18 @@ pub fn main(init: std.process.Init) u8 {
     };
     defer gpu.close();
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
-    run(init.gpa, &gpu, quick, attention_only, mla_only, &diag) catch |err| {
+    run(init.gpa, &gpu, quick, attention_only, mla_only, next_only, &diag) catch |err| {
         say("tf-bench failed: {t}: {s}\n", .{ err, diag.message() });
         return 1;
     };
     return 0;
 }
 
-fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, attention_only: bool, mla_only: bool, diag: *Diagnostic) !void {
+fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, attention_only: bool, mla_only: bool, next_only: bool, diag: *Diagnostic) !void {
     const copy_gbs = try copyBandwidth(gpu, diag);
     say("\ncopy bandwidth (1 GiB device to device, read + written): {d:.0} GB/s\n", .{copy_gbs});
     if (mla_only) return mla_bench.run(gpa, gpu, copy_gbs, diag);
+    if (next_only) return next_bench.run(gpa, gpu, copy_gbs, diag);
     try mmaRate(gpu, diag);
 
     var module = try K.load(gpu, diag);

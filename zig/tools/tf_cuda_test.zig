@@ -3,6 +3,8 @@
 //!   exl3-decode   the decode kernel equals the CPU decoder bit for bit, every rate and codebook
 //!   glm-exl3 DIR  the GLM forward on the GPU vs the exact reference, the peer and the CPU, the
 //!                 chunk-boundary bit check (glm_exl3_suite.zig); DIR: shared/fixtures/glm4_moe
+//!   dense         the f16 projections on the tensor cores and the sliced logits summary vs f64,
+//!                 and their rows' bits independent of the batch (dense_suite.zig)
 //!   nccl [--world N --rank R --master HOST:PORT]
 //!                 all-reduce, broadcast and all-gather exact, and the all-reduce bus bandwidth;
 //!                 one process per GPU, the unique id sent from rank 0 over TCP
@@ -13,6 +15,7 @@ const exl3 = tf.exl3;
 const Diagnostic = tf.core.Diagnostic;
 
 const glm_exl3 = @import("glm_exl3_suite.zig");
+const dense = @import("dense_suite.zig");
 const Report = @import("report.zig").Report;
 
 const say = @import("say.zig").say;
@@ -22,8 +25,9 @@ pub fn main(init: std.process.Init) u8 {
     const suite = if (args.len >= 2) args[1] else "";
     const is_nccl = std.mem.eql(u8, suite, "nccl");
     const is_glm = std.mem.eql(u8, suite, "glm-exl3") and args.len == 3;
-    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm) {
-        say("usage: tf-cuda-test exl3-decode | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
+    const is_dense = std.mem.eql(u8, suite, "dense");
+    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm and !is_dense) {
+        say("usage: tf-cuda-test exl3-decode | dense | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
         return 2;
     }
     var options: NcclOptions = .{};
@@ -43,6 +47,10 @@ pub fn main(init: std.process.Init) u8 {
     if (is_glm) {
         glm_exl3.run(init.gpa, args[2], &report) catch |err| {
             report.check(false, "glm-exl3 aborted: {t}", .{err});
+        };
+    } else if (is_dense) {
+        dense.run(init.gpa, &gpu, &report) catch |err| {
+            report.check(false, "dense aborted: {t}", .{err});
         };
     } else if (is_nccl) {
         ncclSuite(init.gpa, &gpu, options, &report, &diag) catch |err| {

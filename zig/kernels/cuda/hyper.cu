@@ -24,7 +24,8 @@ __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-
 // streams with a row of the mixing matrix (a decode step's row spreads over 2m + m² blocks, where
 // one block per row read the whole 1.5 MB matrix alone: 165 us a site at GLM-5.3-Flash's size);
 // block (row, mixes) takes the streams' sum of squares. Fixed orders: a row's bits are its own.
-// raw[row]: the 2m + m² dots, then the sum of squares.
+// raw[row]: the 2m + m² dots, then the sum of squares. Where m·hidden is a multiple of 16,
+// glm_forward.cu's tf_dense_f32 computes both on the tensor cores instead (hyper_cuda.zig).
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mix(const float* __restrict__ streams, const float* __restrict__ mix,
                                                                 float* __restrict__ raw, int rows, int m, int hidden) {
     __shared__ float partial[kWarps];
@@ -50,43 +51,66 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mix(const float* __
 // A warp per row: the logits scaled by the norm's inverse (the flattened streams' unweighted RMS
 // norm, applied after the dot products), then the maps. Lane (a, b) < m² owns comb's entry: each
 // softmax and Sinkhorn pass gathers its row or column by shuffles and sums it in the CPU's order
-// (one thread doing all 40 passes took 56 us, a block with barriers 20). maps[row]: pre (m), post
-// (m), comb (m²).
+// (one thread doing all 40 passes took 56 us, a block with barriers 20). m is a template argument
+// so that a pass's m shuffles issue together instead of one loop trip each (8.5 us a site at m 4
+// with a runtime m). maps[row]: pre (m), post (m), comb (m²).
+template <int M>
+__device__ __forceinline__ void hc_maps(const float* __restrict__ raw, const float* __restrict__ base, const float* __restrict__ scale,
+                                        float* __restrict__ maps, int row, int hidden, float norm_eps, float hc_eps, int iters) {
+    constexpr int kMixes = (2 + M) * M;
+    const float* logits = raw + static_cast<size_t>(row) * (kMixes + 1);
+    const float inverse = 1.0f / sqrtf(logits[kMixes] / (M * hidden) + norm_eps);
+    float* out = maps + static_cast<size_t>(row) * kMixes;
+    const int t = threadIdx.x;
+    if (t < M) {
+        out[t] = sigmoid(logits[t] * inverse * scale[0] + base[t]) + hc_eps;
+        out[M + t] = 2.0f * sigmoid(logits[M + t] * inverse * scale[1] + base[M + t]);
+    }
+    const bool owner = t < M * M;
+    const int a = owner ? t / M : 0, b = owner ? t % M : 0;
+    float v = owner ? logits[2 * M + t] * inverse * scale[2] + base[2 * M + t] : 0.f;
+    const auto gather = [&](float x, int first, int step, float (&line)[M]) {
+#pragma unroll
+        for (int j = 0; j < M; ++j) line[j] = __shfl_sync(0xFFFFFFFFu, x, first + j * step);
+    };
+    const auto sum = [](const float (&line)[M]) {
+        float total = 0.f;
+#pragma unroll
+        for (int j = 0; j < M; ++j) total += line[j];
+        return total;
+    };
+    float line[M];
+    gather(v, a * M, 1, line);
+    float peak = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < M; ++j) peak = fmaxf(peak, line[j]);
+    v = expf(v - peak);
+    gather(v, a * M, 1, line);
+    v = v / sum(line) + hc_eps;
+    for (int pass = 0; pass < 2 * iters - 1; ++pass) {
+        // Columns first, then rows and columns in turn.
+        if (pass % 2 == 0)
+            gather(v, b, M, line);
+        else
+            gather(v, a * M, 1, line);
+        v /= sum(line) + hc_eps;
+    }
+    if (owner) out[2 * M + t] = v;
+}
+
 extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __restrict__ raw, const float* __restrict__ base,
                                                               const float* __restrict__ scale, float* __restrict__ maps, int rows, int m,
                                                               int hidden, float norm_eps, float hc_eps, int iters) {
+    static_assert(kMultMax == 5, "an instance per m");
     const int row = blockIdx.x;
     if (row >= rows) return;
-    const int mixes = (2 + m) * m;
-    const float* logits = raw + static_cast<size_t>(row) * (mixes + 1);
-    const float inverse = 1.0f / sqrtf(logits[mixes] / (m * hidden) + norm_eps);
-    float* out = maps + static_cast<size_t>(row) * mixes;
-    const int t = threadIdx.x;
-    if (t < m) {
-        out[t] = sigmoid(logits[t] * inverse * scale[0] + base[t]) + hc_eps;
-        out[m + t] = 2.0f * sigmoid(logits[m + t] * inverse * scale[1] + base[m + t]);
+    switch (m) {
+        case 1: return hc_maps<1>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 2: return hc_maps<2>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 3: return hc_maps<3>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 4: return hc_maps<4>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        default: return hc_maps<5>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
     }
-    const bool owner = t < m * m;
-    const int a = owner ? t / m : 0, b = owner ? t % m : 0;
-    float v = owner ? logits[2 * m + t] * inverse * scale[2] + base[2 * m + t] : 0.f;
-    const auto row_sum = [&](float x) {
-        float line = 0.f;
-        for (int j = 0; j < m; ++j) line += __shfl_sync(0xFFFFFFFFu, x, a * m + j);
-        return line;
-    };
-    float peak = -INFINITY;
-    for (int j = 0; j < m; ++j) peak = fmaxf(peak, __shfl_sync(0xFFFFFFFFu, v, a * m + j));
-    v = expf(v - peak);
-    v = v / row_sum(v) + hc_eps;
-    for (int pass = 0; pass < 2 * iters - 1; ++pass) {
-        float line = 0.f;  // columns first, then rows and columns in turn
-        if (pass % 2 == 0)
-            for (int j = 0; j < m; ++j) line += __shfl_sync(0xFFFFFFFFu, v, j * m + b);
-        else
-            line = row_sum(v);
-        v /= line + hc_eps;
-    }
-    if (owner) out[2 * m + t] = v;
 }
 
 // The sublayer's input Σ_s pre_s·stream_s, a thread per (row, dim).

@@ -121,6 +121,8 @@ extern "C" __global__ void __launch_bounds__(kConvThreads) tf_kda_tail(
 // over k are the quarter's (4 interleaved partials), then a butterfly over the 4 quarters, whose
 // results are bitwise equal.
 //
+// beta_in's rows are beta_stride floats apart (heads, or the stacked gate projections' width).
+//
 // Per chunk of kKdaChunk rows: warp w stages row w's q and k and writes the previous chunk's row w
 // output (normed, gated); barrier; the chunk's rows through the rule; barrier.
 extern "C" __global__ void __launch_bounds__(kKdaThreads) tf_kda_recurrent(
@@ -128,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(kKdaThreads) tf_kda_recurrent(
     const float* __restrict__ a_log, const float* __restrict__ beta_in, const float* __restrict__ gate_in,
     const float* __restrict__ o_norm, float* __restrict__ states, const uint32_t* __restrict__ slots,
     const uint32_t* __restrict__ positions, const int* __restrict__ run_starts, const int* __restrict__ run_count,
-    float* __restrict__ out, int heads, int layers, int layer, int has_bound, float bound, float eps) {
+    float* __restrict__ out, int heads, int beta_stride, int layers, int layer, int has_bound, float bound, float eps) {
     __shared__ Chunk chunk;
     const int run = blockIdx.x, h = blockIdx.y;
     if (run >= *run_count) return;
@@ -176,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(kKdaThreads) tf_kda_recurrent(
                 v[i] = conv_out[(c0 + row) * 3 * width + 2 * width + head + channel];
             }
         }
-        if (threadIdx.x < rows) beta = beta_in[static_cast<size_t>(c0 + threadIdx.x) * heads + h];
+        if (threadIdx.x < rows) beta = beta_in[static_cast<size_t>(c0 + threadIdx.x) * beta_stride + h];
 
         if (warp < written) {
             float squares = 0.f;

@@ -10,10 +10,11 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_embed",            "tf_rmsnorm",           "tf_add",              "tf_swiglu",       "tf_gather_rows",
-    "tf_exl3_item_linear", "tf_exl3_group_linear", "tf_exl3_group_items", "tf_dense_matmul", "tf_qk_rope_store",
-    "tf_attention",        "tf_route_logits",      "tf_route",            "tf_moe_combine",  "tf_logits_summary",
-    "tf_attention_combine", "tf_attention_prompt",
+    "tf_embed",             "tf_rmsnorm",           "tf_add",                  "tf_swiglu",       "tf_gather_rows",
+    "tf_exl3_item_linear",  "tf_exl3_group_linear", "tf_exl3_group_items",     "tf_dense_matmul", "tf_qk_rope_store",
+    "tf_attention",         "tf_route_logits",      "tf_route",                "tf_moe_combine",  "tf_logits_summary",
+    "tf_attention_combine", "tf_attention_prompt",  "tf_logits_summary_parts", "tf_dense_half",   "tf_dense_f32",
+    "tf_dense_splits",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -190,9 +191,9 @@ pub const Kernels = struct {
     pub fn groupItems(k: Kernels, layer_of_item: Ptr, items: usize, group_items: usize, layers: usize, group_size: usize, g: Grouping) Error!void {
         std.debug.assert(layers <= group_layers_max);
         var sort = .{
-            layer_of_item,                      @as(c_int, @intCast(items)), @as(c_int, @intCast(group_items)), @as(c_int, @intCast(layers)),
-            @as(c_int, @intCast(group_size)),   g.ranks,                     g.sorted,                          g.first,
-            g.count,                            g.layer,                     g.total,
+            layer_of_item,                    @as(c_int, @intCast(items)), @as(c_int, @intCast(group_items)), @as(c_int, @intCast(layers)),
+            @as(c_int, @intCast(group_size)), g.ranks,                     g.sorted,                          g.first,
+            g.count,                          g.layer,                     g.total,
         };
         var sort_ptrs: [sort.len]*anyopaque = undefined;
         inline for (0..sort.len) |i| sort_ptrs[i] = @ptrCast(&sort[i]);
@@ -219,6 +220,61 @@ pub const Kernels = struct {
     pub fn denseLinear(k: Kernels, x: Ptr, weight: Ptr, bias: Ptr, y: Ptr, rows: usize, in_features: usize, out_features: usize) Error!void {
         var a = .{ x, weight, bias, y, @as(c_int, @intCast(rows)), @as(c_int, @intCast(in_features)), @as(c_int, @intCast(out_features)) };
         try k.run("tf_dense_matmul", .{ blocks(rows * out_features, 8), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
+    }
+
+    /// Blocks per 32-output tile that share the k steps of an unquantized weight (tf_dense_half,
+    /// tf_dense_f32): enough
+    /// tiles x splits to spread a skinny weight (K 4096 x N 64..128, GLM-5.3-Flash's gates) over
+    /// ~128 blocks, each warp keeping at least two k steps. A function of the shape alone, so a row's
+    /// sum does not depend on its batch; splits x out_features <= 4096 whenever splits > 1.
+    pub fn denseSplits(in_features: usize, out_features: usize) usize {
+        const tiles = std.math.divCeil(usize, out_features, 32) catch unreachable;
+        return @max(1, @min(128 / tiles, in_features / 16 / 16));
+    }
+
+    /// An unquantized weight on the tensor cores: tf_dense_half (f16 weight) or tf_dense_f32. x's
+    /// rows are x_stride floats apart (0: in_features), y's y_stride (out_features for a plain
+    /// projection); with `squares`, Σ x²
+    /// of each row lands at column out_features. With splits > 1 the blocks leave their sums in
+    /// `partial` (denseScratch floats) and tf_dense_splits adds them.
+    pub const DenseCall = struct {
+        x: Ptr,
+        weight: Ptr,
+        half: bool,
+        bias: Ptr = 0,
+        y: Ptr,
+        x_stride: usize = 0,
+        y_stride: usize,
+        partial: Ptr,
+        rows: usize,
+        in_features: usize,
+        out_features: usize,
+        squares: bool = false,
+    };
+
+    /// The floats of `partial` a DenseCall of `rows` rows needs.
+    pub fn denseScratch(rows: usize, in_features: usize, out_features: usize, squares: bool) usize {
+        const splits = denseSplits(in_features, out_features);
+        return if (splits == 1) 0 else splits * rows * (out_features + @intFromBool(squares));
+    }
+
+    pub fn denseMma(k: Kernels, c: DenseCall) Error!void {
+        const splits = denseSplits(c.in_features, c.out_features);
+        const x_stride = if (c.x_stride == 0) c.in_features else c.x_stride;
+        std.debug.assert(c.in_features % 16 == 0 and c.x % 16 == 0 and x_stride % 4 == 0);
+        var a = .{
+            c.x,                          c.weight,                            c.bias,                               c.y,                            c.partial,
+            @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)), @as(c_int, @intCast(x_stride)), @as(c_int, @intCast(c.y_stride)),
+            @as(c_int, @intCast(splits)), @as(c_int, @intFromBool(c.squares)),
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        const grid = [3]u32{ blocks(c.out_features, 32), @intCast(splits), blocks(c.rows, 32) };
+        if (c.half) try k.run("tf_dense_half", grid, 256, ptrs) else try k.run("tf_dense_f32", grid, 256, ptrs);
+        if (splits == 1) return;
+        const pitch = c.out_features + @intFromBool(c.squares);
+        var b = .{ c.partial, c.bias, c.y, @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(pitch)), @as(c_int, @intCast(c.out_features)), @as(c_int, @intCast(c.y_stride)), @as(c_int, @intCast(splits)) };
+        try k.run("tf_dense_splits", .{ blocks(c.rows * pitch, 8), 1, 1 }, 256, .{ &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7] });
     }
 
     /// The rows' places in the paged KV cache of one layer: what the rope/store and the attention
@@ -289,10 +345,10 @@ pub const Kernels = struct {
         std.debug.assert(kv.head_dim <= attention_head_dim_max and kv.head_dim % 4 == 0);
         const p = parts orelse AttentionParts{ .acc = 0, .ml = 0 };
         var a = .{
-            q,                                 kv.cache_k,                        kv.cache_v,                     kv.positions,
-            kv.tables,                         kv.table_offsets,                  skip,                           out,
-            p.acc,                             p.ml,                              @as(c_int, @intCast(kv.rows)),  @as(c_int, @intCast(kv.heads)),
-            @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
+            q,                                    kv.cache_k,                        kv.cache_v,                      kv.positions,
+            kv.tables,                            kv.table_offsets,                  skip,                            out,
+            p.acc,                                p.ml,                              @as(c_int, @intCast(kv.rows)),   @as(c_int, @intCast(kv.heads)),
+            @as(c_int, @intCast(kv.kv_heads)),    @as(c_int, @intCast(kv.head_dim)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
             @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
@@ -347,9 +403,9 @@ pub const Kernels = struct {
     pub fn attentionPrompt(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, tiles: Ptr, grid_tiles: usize) Error!void {
         std.debug.assert(kv.head_dim == prompt_attention_head_dim);
         var a = .{
-            q,                                 kv.cache_k,                        kv.cache_v,                      kv.positions,
-            kv.tables,                         kv.table_offsets,                  tiles,                           out,
-            @as(c_int, @intCast(kv.heads)),    @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
+            q,                                    kv.cache_k,                        kv.cache_v,                      kv.positions,
+            kv.tables,                            kv.table_offsets,                  tiles,                           out,
+            @as(c_int, @intCast(kv.heads)),       @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
             @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
@@ -394,21 +450,27 @@ pub const Kernels = struct {
         var l = .{ c.x, c.gate, c.correction, c.scratch, rows, @as(c_int, @intCast(c.hidden)), experts };
         try k.run("tf_route_logits", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
         var a = .{
-            c.experts_out,                  c.weights_out,                            c.pair_layers,                         c.pair_rows,
-            c.row_prompt,                   c.prompt_layers,
-            c.scratch,                      rows,                                     experts,                               @as(c_int, @intCast(c.top_k)),
-            @as(c_int, @intCast(c.slots)),
-            @as(c_int, @intCast(c.groups)), @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
+            c.experts_out,                            c.weights_out,                         c.pair_layers,                 c.pair_rows,
+            c.row_prompt,                             c.prompt_layers,                       c.scratch,                     rows,
+            experts,                                  @as(c_int, @intCast(c.top_k)),         @as(c_int, @intCast(c.slots)), @as(c_int, @intCast(c.groups)),
+            @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         try k.run("tf_route", .{ @intCast(c.rows), 1, 1 }, 256, ptrs);
     }
 
-    /// A 1024-thread block per logits row; `out` is core.LogitsSummary[rows].
+    /// Slices a logits row is summarized in (kSummarySlices in logits_summary.cuh).
+    pub const summary_slices = 32;
+
+    /// A 256-thread block per (row, slice), then a warp per row folding the slices. `out` is
+    /// core.LogitsSummary[rows * (1 + summary_slices)]: the rows' summaries, then the slices'.
     pub fn logitsSummary(k: Kernels, logits: Ptr, out: Ptr, rows: usize, vocab: usize) Error!void {
-        var a = .{ logits, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(vocab)) };
-        try k.run("tf_logits_summary", .{ @intCast(rows), 1, 1 }, 1024, .{ &a[0], &a[1], &a[2], &a[3] });
+        const parts = out + rows * 16;
+        var a = .{ logits, parts, @as(c_int, @intCast(rows)), @as(c_int, @intCast(vocab)) };
+        try k.run("tf_logits_summary_parts", .{ @intCast(rows * summary_slices), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3] });
+        var b = .{ parts, out, @as(c_int, @intCast(rows)) };
+        try k.run("tf_logits_summary", .{ blocks(rows, 8), 1, 1 }, 256, .{ &b[0], &b[1], &b[2] });
     }
 
     pub fn moeCombine(k: Kernels, expert_out: Ptr, weights: Ptr, shared: Ptr, out: Ptr, rows: usize, top_k: usize, hidden: usize) Error!void {

@@ -36,9 +36,14 @@ pub const Kernels = struct {
 
     /// maps (rows, 2m + m²): each row's pre, post and comb; collapsed (rows, hidden): the
     /// sublayer's input, from streams (rows, m, hidden). raw: (rows, 2m + m² + 1) scratch.
-    pub fn enter(k: Kernels, streams: Ptr, site: Site, raw: Ptr, maps: Ptr, collapsed: Ptr, rows: usize, m: usize, hidden: usize, norm_eps: f32, hc_eps: f32, iters: usize) Error!void {
+    /// raw (rows, mixes + 1) = the mixing dots, then the streams' sum of squares.
+    pub fn mix(k: Kernels, streams: Ptr, site: Site, raw: Ptr, rows: usize, m: usize, hidden: usize) Error!void {
         const mixes = (2 + m) * m;
         try k.run("tf_hc_mix", .{ @intCast(rows), @intCast(mixes + 1), 1 }, threads, .{ streams, site.mix, raw, @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)) });
+    }
+
+    /// From raw (mix's), the site's maps and the collapse of the streams into `collapsed`.
+    pub fn enter(k: Kernels, streams: Ptr, site: Site, raw: Ptr, maps: Ptr, collapsed: Ptr, rows: usize, m: usize, hidden: usize, norm_eps: f32, hc_eps: f32, iters: usize) Error!void {
         try k.run("tf_hc_maps", .{ @intCast(rows), 1, 1 }, 32, .{
             raw,                          site.base, site.scale, maps,                        @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)),
             @as(c_int, @intCast(hidden)), norm_eps,  hc_eps,     @as(c_int, @intCast(iters)),

@@ -67,13 +67,14 @@ pub const Kernels = struct {
     /// (rows, heads·128), dt_bias (heads·128), a_log (heads), beta_in (rows, heads), gate_in (rows,
     /// heads·128), o_norm (128), states (slots, layers, heads, 128, 128); a block per (run, head),
     /// run_starts (rows + 1 i32) and run_count (1 i32) on the device.
-    pub fn recurrent(k: Kernels, conv_out: Ptr, decay_in: Ptr, dt_bias: Ptr, a_log: Ptr, beta_in: Ptr, gate_in: Ptr, o_norm: Ptr, states: Ptr, slots: Ptr, positions: Ptr, run_starts: Ptr, run_count: Ptr, out: Ptr, rows: usize, heads: usize, layers: usize, layer: usize, bound: ?f32, eps: f32) Error!void {
+    /// beta_in's rows are beta_stride floats apart.
+    pub fn recurrent(k: Kernels, conv_out: Ptr, decay_in: Ptr, dt_bias: Ptr, a_log: Ptr, beta_in: Ptr, beta_stride: usize, gate_in: Ptr, o_norm: Ptr, states: Ptr, slots: Ptr, positions: Ptr, run_starts: Ptr, run_count: Ptr, out: Ptr, rows: usize, heads: usize, layers: usize, layer: usize, bound: ?f32, eps: f32) Error!void {
         var a = .{
-            conv_out,                                decay_in,                    dt_bias,                      a_log,
-            beta_in,                                 gate_in,                     o_norm,                       states,
-            slots,                                   positions,                   run_starts,                   run_count,
-            out,                                     @as(c_int, @intCast(heads)), @as(c_int, @intCast(layers)), @as(c_int, @intCast(layer)),
-            @as(c_int, @intFromBool(bound != null)), bound orelse 0,              eps,
+            conv_out,                    decay_in,                                dt_bias,                           a_log,
+            beta_in,                     gate_in,                                 o_norm,                            states,
+            slots,                       positions,                               run_starts,                        run_count,
+            out,                         @as(c_int, @intCast(heads)),             @as(c_int, @intCast(beta_stride)), @as(c_int, @intCast(layers)),
+            @as(c_int, @intCast(layer)), @as(c_int, @intFromBool(bound != null)), bound orelse 0,                    eps,
         };
         var ptrs: [a.len]?*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);

@@ -66,7 +66,7 @@ pub fn sampleHost(logits: []const f32, rows: usize, vocab: usize, jobs: []const 
     defer module.unload(&gpu);
     const logits_dev = try gpu.alloc(@max(logits.len * 4, 4), diag);
     defer gpu.free(logits_dev);
-    const summaries = try gpu.alloc(rows * 16, diag);
+    const summaries = try gpu.alloc(@max(rows, 1) * (1 + glm_kernels.Kernels.summary_slices) * 16, diag);
     defer gpu.free(summaries);
     const jobs_dev = try gpu.alloc(@max(jobs.len, 1) * @sizeOf(Job), diag);
     defer gpu.free(jobs_dev);

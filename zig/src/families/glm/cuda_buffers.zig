@@ -79,7 +79,7 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.route_weights = try model.alloc(items * f, diag);
     model.route_scratch = try model.alloc(rows * 2 * c.routed_experts * f, diag);
     model.logits = try model.alloc(l.logits_rows_max * c.vocab_size * f, diag);
-    model.summaries = try model.alloc(l.logits_rows_max * @sizeOf(core.LogitsSummary), diag);
+    model.summaries = try model.alloc(l.logits_rows_max * (1 + K.Kernels.summary_slices) * @sizeOf(core.LogitsSummary), diag);
     model.sample_jobs = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Job), diag);
     model.sample_choices = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Choice), diag);
     const cache_values = l.pages * c.countOf("attention", .gqa) * c.kv_heads * l.page_tokens * c.head_dim;
@@ -129,7 +129,7 @@ pub fn allocatePromptScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
         switch (block.attention) {
             .gqa => |*a| for ([_]*const GpuLinear{ &a.q, &a.k, &a.v, &a.o }) |linear| Note.linear(&need, linear, rows),
             .mla => |*a| for (a.linears()) |linear| if (linear) |l_| Note.linear(&need, l_, rows),
-            .kda => |*a| for (a.linears()) |linear| Note.linear(&need, linear, rows),
+            .kda => |*a| for (a.linears()) |linear| if (linear) |l_| Note.linear(&need, l_, rows),
         }
         switch (block.ffn) {
             .dense => |*mlp| Note.mlp(&need, mlp, rows),
@@ -186,6 +186,7 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
         }
     };
     Need.linear(&need, &model.lm_head, l.logits_rows_max);
+    need.partials = @max(need.partials, model.dense_partials);
     for (model.blocks) |*block| {
         switch (block.attention) {
             .gqa => |*a| {
@@ -193,7 +194,7 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
                 if (a.kv_pair != 0) Need.add(&need, a.k.kind.exl3.k_p, a.k.kind.exl3.n_p, 2 * l.rows_max, 2);
             },
             .mla => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
-            .kda => |*a| for (a.linears()) |linear| Need.linear(&need, linear, l.rows_max),
+            .kda => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
         }
         switch (block.ffn) {
             .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),

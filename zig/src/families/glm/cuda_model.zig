@@ -84,6 +84,10 @@ pub const GpuModel = struct {
     slots: usize,
     /// The switches (core.switches), read once: prompt kernels and the shared expert's merge.
     prompt_enabled: bool,
+    /// Unquantized weights on the tensor cores (TF_CUDA_DENSE_MMA=0: a warp per output, f32), and
+    /// the most split sums one of their launches leaves in model.acc.
+    dense_mma: bool,
+    dense_partials: usize,
     merge_shared: bool,
     sample_jobs: Ptr,
     sample_choices: Ptr,
@@ -175,6 +179,9 @@ pub const GpuModel = struct {
     pub const pairTable = linear_cuda.pairTable;
     pub const exl3Call = linear_cuda.exl3Call;
     pub const runLinear = linear_cuda.runLinear;
+    pub const runDense = linear_cuda.runDense;
+    pub const runDenseStrided = linear_cuda.runDenseStrided;
+    pub const noteDenseSplits = linear_cuda.noteDenseSplits;
     pub const pairGemv = linear_cuda.pairGemv;
     pub const runPair = linear_cuda.runPair;
     pub const launcher = linear_cuda.launcher;
@@ -198,6 +205,8 @@ pub const GpuModel = struct {
         model.prompt_rows = 0;
         model.graphs_enabled = limits.graphs and !core.switches.off("TF_CUDA_GRAPHS");
         model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
+        model.dense_mma = !core.switches.off("TF_CUDA_DENSE_MMA");
+        model.dense_partials = 0;
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
         // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.
         model.slots = moe_cuda.slotsOf(weights, model.merge_shared);
@@ -483,7 +492,7 @@ pub const GpuModel = struct {
             .exl3 => try model.runLinear(k, &model.lm_head, model.normed, model.logits, wanted, model.logits_rows),
             .dense => |dense| {
                 try k.gatherRows(model.normed, model.logits_rows, model.projected, wanted, c.hidden_size);
-                try k.denseLinear(model.projected, dense.weight, dense.bias, model.logits, wanted, c.hidden_size, c.vocab_size);
+                try model.runDense(k, dense, model.projected, model.logits, wanted, c.hidden_size, c.vocab_size);
             },
         }
         try k.logitsSummary(model.logits, model.summaries, wanted, c.vocab_size);

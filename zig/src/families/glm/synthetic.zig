@@ -164,11 +164,12 @@ const Maker = struct {
         };
     }
 
-    /// An unquantized (out, in) f32 layer with Gaussian weights of standard deviation `scale`.
+    /// An unquantized (out, in) layer with Gaussian weights of standard deviation `scale`, f16
+    /// values as checkpoints store these projections (the GPU then keeps them as f16).
     fn dense(m: Maker, in_features: usize, out_features: usize, scale: f32) Error!Linear {
         try m.made.ensureUnusedCapacity(m.gpa, 1);
         const weight = try m.gpa.alloc(f32, in_features * out_features);
-        for (weight) |*w| w.* = scale * m.random.floatNorm(f32);
+        for (weight) |*w| w.* = @as(f16, @floatCast(scale * m.random.floatNorm(f32)));
         const result: Linear = .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = weight, .bias = null } } };
         m.made.appendAssumeCapacity(result);
         return result;

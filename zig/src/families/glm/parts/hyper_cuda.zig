@@ -31,7 +31,42 @@ pub fn upload(model: *GpuModel, sites: *const weights_mod.HyperSites, diag: *Dia
 }
 
 fn uploadSite(model: *GpuModel, site: *const hyper.Site, diag: *Diagnostic) Error!H.Site {
+    const c = model.config;
+    if (mixOnTensorCores(model)) model.noteDenseSplits(c.hyper.mult * c.hidden_size, c.hyper.mixes(), true);
     return .{ .mix = try model.putF32(site.mix, diag), .base = try model.putF32(site.base, diag), .scale = try model.putF32(site.scale, diag) };
+}
+
+/// The mixing dots as a projection of the flattened streams on the tensor cores (f32 weight split
+/// into f16 parts, glm_forward.cu's tf_dense_f32), the sum of squares from the same loads: the
+/// matrix is read once per 32 rows, where tf_hc_mix's block per (row, logit) re-read it per row
+/// (3.8 ms of a 1024-token prefill) and its sum-of-squares block alone took 7 us of a decode site.
+fn mixOnTensorCores(model: *const GpuModel) bool {
+    return model.dense_mma and (model.config.hyper.mult * model.config.hidden_size) % 16 == 0;
+}
+
+/// A site's entry: raw logits and sum of squares, then its maps and the collapse.
+fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, rows: usize) Error!void {
+    const c = model.config;
+    const m = c.hyper.mult;
+    const d = c.hidden_size;
+    const mixes = c.hyper.mixes();
+    if (mixOnTensorCores(model)) {
+        try k.denseMma(.{
+            .x = model.hidden,
+            .weight = site.mix,
+            .half = false,
+            .y = model.hyper_raw,
+            .y_stride = mixes + 1,
+            .partial = model.acc,
+            .rows = rows,
+            .in_features = m * d,
+            .out_features = mixes,
+            .squares = true,
+        });
+    } else {
+        try hk.mix(model.hidden, site, model.hyper_raw, rows, m, d);
+    }
+    try hk.enter(model.hidden, site, model.hyper_raw, model.maps, model.collapsed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
 }
 
 /// The whole forward of a hyper-connected model, queued on the stream (cuda_model.enqueue's
@@ -46,11 +81,11 @@ pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, diag:
     try hk.spread(model.collapsed, model.hidden, rows, m, d);
     for (model.blocks, 0..) |*block, layer| {
         const sites = block.hyper.?;
-        try hk.enter(model.hidden, sites.attn, model.hyper_raw, model.maps, model.collapsed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
+        try enter(model, k, hk, sites.attn, rows);
         try k.rmsnorm(model.collapsed, block.input_norm, model.normed, rows, d, c.rms_norm_eps);
         try model.attentionPart(k, block, layer, rows);
         try hk.leave(model.hidden, model.maps, model.projected, rows, m, d);
-        try hk.enter(model.hidden, sites.ffn, model.hyper_raw, model.maps, model.collapsed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
+        try enter(model, k, hk, sites.ffn, rows);
         try k.rmsnorm(model.collapsed, block.post_attention_norm, model.normed, rows, d, c.rms_norm_eps);
         try model.ffnPart(k, block, rows);
         try hk.leave(model.hidden, model.maps, model.ffn_out, rows, m, d);

@@ -1,5 +1,6 @@
 //! The GPU side of Kimi delta attention (parts/kda.zig): the projections (qkv, the forget gate's
-//! f_a/f_b, the output gate's g_a/g_b, b) through linear_cuda, then cuda/kda_kernels.zig: the causal
+//! f_a/f_b, the output gate's g_a/g_b, b) through linear_cuda — f_a, g_a and b, unquantized and on
+//! the same input, stacked into one launch — then cuda/kda_kernels.zig: the causal
 //! convolution with each sequence's tail, the tails' update, and the delta rule per (run of one
 //! sequence's rows, head) with its state in device memory at the sequence's slot; o_proj last.
 //! Every slot's state is allocated with the model; a run starting at position 0 starts from zeros.
@@ -24,18 +25,28 @@ const Config = config_mod.Config;
 pub const GpuKda = struct {
     qkv: GpuLinear,
     conv: Ptr,
-    f_a: GpuLinear,
+    gates: Gates,
     f_b: GpuLinear,
     dt_bias: Ptr,
     a_log: Ptr,
-    b: GpuLinear,
-    g_a: GpuLinear,
     g_b: GpuLinear,
     o_norm: Ptr,
     o: GpuLinear,
 
-    pub fn linears(kda: *const GpuKda) [7]*const GpuLinear {
-        return .{ &kda.qkv, &kda.f_a, &kda.f_b, &kda.b, &kda.g_a, &kda.g_b, &kda.o };
+    /// The projections of model.normed besides qkv: [f_a | g_a | b] as one (2·head_dim + heads)
+    /// output projection when all three, and f_b and g_b that read them, are unquantized tensor-
+    /// core weights (each launch of these skinny shapes costs ~8 us of a decode step, mostly
+    /// latency); else apart.
+    pub const Gates = union(enum) {
+        stacked: GpuLinear,
+        apart: struct { f_a: GpuLinear, g_a: GpuLinear, b: GpuLinear },
+    };
+
+    pub fn linears(kda: *const GpuKda) [7]?*const GpuLinear {
+        return switch (kda.gates) {
+            .stacked => |*g| .{ &kda.qkv, g, &kda.f_b, &kda.g_b, &kda.o, null, null },
+            .apart => |*g| .{ &kda.qkv, &g.f_a, &kda.f_b, &g.b, &g.g_a, &kda.g_b, &kda.o },
+        };
     }
 };
 
@@ -43,7 +54,7 @@ pub const GpuKda = struct {
 pub const Buffers = struct {
     mixed: Ptr, // (rows, 3·width)
     conv_out: Ptr,
-    low: Ptr, // (rows, head_dim)
+    low: Ptr, // (rows, head_dim), or (rows, 2·head_dim + heads): [f_a | g_a | b] stacked
     decay: Ptr, // (rows, width)
     gate: Ptr, // (rows, width)
     beta: Ptr, // (rows, heads)
@@ -70,16 +81,42 @@ pub fn upload(model: *GpuModel, source: *const Kda, diag: *Diagnostic) Error!Gpu
             .split => |*ls| try uploadStacked(model, ls, diag),
         },
         .conv = try model.putF32(source.conv, diag),
-        .f_a = try model.uploadLinear(&source.f_a, diag),
+        .gates = try uploadGates(model, source, diag),
         .f_b = try model.uploadLinear(&source.f_b, diag),
         .dt_bias = try model.putF32(source.dt_bias, diag),
         .a_log = try model.putF32(source.a_log, diag),
-        .b = try model.uploadLinear(&source.b, diag),
-        .g_a = try model.uploadLinear(&source.g_a, diag),
         .g_b = try model.uploadLinear(&source.g_b, diag),
         .o_norm = try model.putF32(source.o_norm, diag),
         .o = try model.uploadLinear(&source.o, diag),
     };
+}
+
+fn uploadGates(model: *GpuModel, source: *const Kda, diag: *Diagnostic) Error!GpuKda.Gates {
+    const parts = [3]*const Linear{ &source.f_a, &source.g_a, &source.b };
+    const all = [5]*const Linear{ &source.f_a, &source.g_a, &source.b, &source.f_b, &source.g_b };
+    // The readers take their inputs at a stride of the stacked width, in float4 loads.
+    const width = source.f_a.out_features + source.g_a.out_features + source.b.out_features;
+    const unquantized = for (all) |l| {
+        if (l.kind != .dense or l.kind.dense.bias != null) break false;
+    } else true;
+    const stack = model.dense_mma and unquantized and source.f_a.in_features % 16 == 0 and source.f_b.in_features % 16 == 0 and width % 4 == 0 and source.f_a.out_features % 4 == 0;
+    if (!stack) return .{ .apart = .{
+        .f_a = try model.uploadLinear(&source.f_a, diag),
+        .g_a = try model.uploadLinear(&source.g_a, diag),
+        .b = try model.uploadLinear(&source.b, diag),
+    } };
+    const in = source.f_a.in_features;
+    var out: usize = 0;
+    for (parts) |l| out += l.out_features;
+    const stacked = try model.gpa.alloc(f32, out * in);
+    defer model.gpa.free(stacked);
+    var at: usize = 0;
+    for (parts) |l| {
+        @memcpy(stacked[at..][0 .. l.out_features * in], l.kind.dense.weight);
+        at += l.out_features * in;
+    }
+    const fused: Linear = .{ .in_features = in, .out_features = out, .kind = .{ .dense = .{ .weight = stacked, .bias = null } } };
+    return .{ .stacked = try model.uploadLinear(&fused, diag) };
 }
 
 /// transformers' q_proj, k_proj, v_proj as one [q | k | v] projection; unquantized only (EXL3
@@ -112,7 +149,7 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
     return .{
         .mixed = try model.alloc(rows * 3 * width * f, diag),
         .conv_out = try model.alloc(rows * 3 * width * f, diag),
-        .low = try model.alloc(rows * k.head_dim * f, diag),
+        .low = try model.alloc(rows * (2 * k.head_dim + k.heads) * f, diag),
         .decay = try model.alloc(rows * width * f, diag),
         .gate = try model.alloc(rows * width * f, diag),
         .beta = try model.alloc(rows * k.heads * f, diag),
@@ -154,14 +191,29 @@ pub fn attention(model: *GpuModel, k: K.Kernels, kda: *const GpuKda, layer: usiz
     const kk: KK.Kernels = .{ .gpu = &model.gpu, .module = &model.kda_module.?, .diag = k.diag };
     const layers = c.countOf("attention", .kda);
     try model.runLinear(k, &kda.qkv, model.normed, b.mixed, rows, 0);
-    try model.runLinear(k, &kda.f_a, model.normed, b.low, rows, 0);
-    try model.runLinear(k, &kda.f_b, b.low, b.decay, rows, 0);
-    try model.runLinear(k, &kda.g_a, model.normed, b.low, rows, 0);
-    try model.runLinear(k, &kda.g_b, b.low, b.gate, rows, 0);
-    try model.runLinear(k, &kda.b, model.normed, b.beta, rows, 0);
+    var beta = b.beta;
+    var beta_stride = a.heads;
+    switch (kda.gates) {
+        .stacked => |*gates| {
+            // low = [f_a | g_a | b] per row; f_b and g_b read their parts in place.
+            const width = gates.out_features;
+            try model.runLinear(k, gates, model.normed, b.low, rows, 0);
+            try model.runDenseStrided(k, &kda.f_b, b.low, width, b.decay, rows);
+            try model.runDenseStrided(k, &kda.g_b, b.low + a.head_dim * 4, width, b.gate, rows);
+            beta = b.low + 2 * a.head_dim * 4;
+            beta_stride = width;
+        },
+        .apart => |*gates| {
+            try model.runLinear(k, &gates.f_a, model.normed, b.low, rows, 0);
+            try model.runLinear(k, &kda.f_b, b.low, b.decay, rows, 0);
+            try model.runLinear(k, &gates.g_a, model.normed, b.low, rows, 0);
+            try model.runLinear(k, &kda.g_b, b.low, b.gate, rows, 0);
+            try model.runLinear(k, &gates.b, model.normed, b.beta, rows, 0);
+        },
+    }
     try kk.conv(b.mixed, kda.conv, b.tails, b.slots, model.positions, b.conv_out, rows, 3 * a.width(), a.conv_kernel, layers, layer);
     try kk.tail(b.mixed, b.tails, b.slots, model.positions, rows, 3 * a.width(), a.conv_kernel, layers, layer);
     const run_count = b.run_starts + (model.limits.rows_max + 1) * 4;
-    try kk.recurrent(b.conv_out, b.decay, kda.dt_bias, kda.a_log, b.beta, b.gate, kda.o_norm, b.states, b.slots, model.positions, b.run_starts, run_count, b.core, rows, a.heads, layers, layer, a.lower_bound, c.rms_norm_eps);
+    try kk.recurrent(b.conv_out, b.decay, kda.dt_bias, kda.a_log, beta, beta_stride, b.gate, kda.o_norm, b.states, b.slots, model.positions, b.run_starts, run_count, b.core, rows, a.heads, layers, layer, a.lower_bound, c.rms_norm_eps);
     try model.runLinear(k, &kda.o, b.core, model.projected, rows, 0);
 }

@@ -1,6 +1,6 @@
 //! The GPU side of one projection (linear.zig): an EXL3 layer uploaded as its trellis words,
 //! scales and bias behind a one-entry table (or a two-entry pair table when two projections of one
-//! shape share their input), or an unquantized f32 matrix; and the launches that run it. Generated
+//! shape share their input), or an unquantized matrix (f16 where exact, else f32); and the launches that run it. Generated
 //! rows take the trellis GEMV (tf_exl3_item_linear); a prompt step's prompt rows take the
 //! tensor-core prompt kernels (cuda/exl3_prompt.zig) where the weight is eligible.
 const std = @import("std");
@@ -22,9 +22,14 @@ pub const GpuLinear = struct {
     kind: union(enum) {
         /// prompt: the prompt kernels take this weight (for a prompt step's prompt rows).
         exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8, prompt: bool },
-        dense: struct { weight: Ptr, bias: Ptr },
+        /// mma: on the tensor cores (tf_dense_half / tf_dense_f32), else a warp per output
+        /// (inputs not a multiple of 16, or TF_CUDA_DENSE_MMA=0); half: the weight is f16 (every
+        /// value of the checkpoint's came through exactly), else f32.
+        dense: Dense,
     },
 };
+
+pub const Dense = struct { weight: Ptr, bias: Ptr, mma: bool, half: bool };
 
 /// One projection of all experts: a table of Exl3Layer, one per expert, sharing shape and rate.
 pub const GroupedLinear = struct { table: Ptr, in_features: usize, out_features: usize, k_p: usize, n_p: usize, bits2: u8, codebook: u8 };
@@ -79,12 +84,71 @@ pub fn uploadLinear(model: *GpuModel, source: *const Linear, diag: *Diagnostic) 
                     }) == null,
                 } };
             },
-            .dense => |dense| .{ .dense = .{
-                .weight = try model.putF32(dense.weight, diag),
-                .bias = if (dense.bias) |b| try model.putF32(b, diag) else 0,
-            } },
+            .dense => |dense| .{ .dense = try uploadDense(model, dense.weight, dense.bias, source.in_features, source.out_features, diag) },
         },
     };
+}
+
+/// An unquantized weight to the device: as f16 when every value converts exactly (checkpoints
+/// store these projections as f16, or bf16 within f16's range), which halves what a decode step
+/// reads; as f32 otherwise. Notes the split sums its launches leave in model.acc.
+fn uploadDense(model: *GpuModel, weight: []const f32, bias: ?[]const f32, in_features: usize, out_features: usize, diag: *Diagnostic) Error!Dense {
+    const bias_ptr: Ptr = if (bias) |b| try model.putF32(b, diag) else 0;
+    const mma = model.dense_mma and in_features % 16 == 0;
+    if (mma) {
+        model.noteDenseSplits(in_features, out_features, false);
+        const halves = try model.gpa.alloc(f16, weight.len);
+        defer model.gpa.free(halves);
+        const exact = for (halves, weight) |*h, w| {
+            h.* = @floatCast(w);
+            if (@as(f32, h.*) != w) break false;
+        } else true;
+        if (exact) return .{ .weight = try model.put(std.mem.sliceAsBytes(halves), diag), .bias = bias_ptr, .mma = true, .half = true };
+    }
+    return .{ .weight = try model.putF32(weight, diag), .bias = bias_ptr, .mma = mma, .half = false };
+}
+
+/// Room in model.acc (sized in cuda_buffers.zig) for a tensor-core projection's split sums.
+pub fn noteDenseSplits(model: *GpuModel, in_features: usize, out_features: usize, squares: bool) void {
+    const rows = @max(model.limits.rows_max, model.limits.logits_rows_max);
+    model.dense_partials = @max(model.dense_partials, K.Kernels.denseScratch(rows, in_features, out_features, squares));
+}
+
+/// y = x · Wᵀ (+ b) over `rows` rows for an unquantized weight.
+pub fn runDense(model: *GpuModel, k: K.Kernels, d: Dense, x: Ptr, y: Ptr, rows: usize, in_features: usize, out_features: usize) Error!void {
+    if (!d.mma) return k.denseLinear(x, d.weight, d.bias, y, rows, in_features, out_features);
+    try k.denseMma(.{
+        .x = x,
+        .weight = d.weight,
+        .half = d.half,
+        .bias = d.bias,
+        .y = y,
+        .y_stride = out_features,
+        .partial = model.acc,
+        .rows = rows,
+        .in_features = in_features,
+        .out_features = out_features,
+    });
+}
+
+/// y = x · Wᵀ for an unquantized tensor-core weight whose input rows are x_stride floats apart
+/// (a part of a wider row, as KDA's stacked gates leave them).
+pub fn runDenseStrided(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Ptr, x_stride: usize, y: Ptr, rows: usize) Error!void {
+    const d = linear.kind.dense;
+    std.debug.assert(d.mma);
+    try k.denseMma(.{
+        .x = x,
+        .weight = d.weight,
+        .half = d.half,
+        .bias = d.bias,
+        .y = y,
+        .x_stride = x_stride,
+        .y_stride = linear.out_features,
+        .partial = model.acc,
+        .rows = rows,
+        .in_features = linear.in_features,
+        .out_features = linear.out_features,
+    });
 }
 
 /// The fields every EXL3 launch of this model shares, for a weight of `shape` (anything with
@@ -148,7 +212,7 @@ pub fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Pt
         },
         .dense => |d| {
             std.debug.assert(rows_wanted == 0);
-            try k.denseLinear(x, d.weight, d.bias, y, rows, linear.in_features, linear.out_features);
+            try model.runDense(k, d, x, y, rows, linear.in_features, linear.out_features);
         },
     }
 }
