@@ -4,8 +4,9 @@
 //!   - the unquantized projections of one KDA layer on the tensor cores ([f_a | g_a | b] stacked,
 //!     K 4096 x N 320; f_b and g_b, K 128 x N 8192, reading their parts of its rows), f16 weights
 //!     rotated over enough copies that they come from DRAM, not L2;
-//!   - one hyper-connection site: the mixing dots and Σ x² (f32 K 16384 x N 24, rotated copies),
-//!     the maps (20 Sinkhorn iterations), the collapse and the mix back;
+//!   - one hyper-connection site as the engine runs it: the mixing dots and Σ x² (f32 K 16384 x
+//!     N 24, rotated copies), the maps (20 Sinkhorn iterations) from their split sums, the collapse
+//!     with the sublayer's RMSNorm, and the mix back;
 //!   - KDA's convolution, tail update and delta rule of one layer: decode rows each their own
 //!     sequence (a 4 MiB state read and written per row), and a 1024-row prompt of one sequence.
 //! At M = 1, 4 and 1024 rows; us per layer (or site) and the bytes that must move against the copy
@@ -116,25 +117,30 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
     const streams = try b.random(rows_max * mult * hidden, 1.0);
     const raw = try b.empty(rows_max * (mixes + 1) * 4);
     const maps = try b.empty(rows_max * mixes * 4);
-    const collapsed = try b.empty(rows_max * hidden * 4);
+    const normed = try b.empty(rows_max * hidden * 4);
+    const norm = try b.random(hidden, 1.0);
     const out = try b.random(rows_max * hidden, 0.01);
     const hk: H.Kernels = .{ .gpu = gpu, .module = &hyper, .diag = diag };
     for (rows_list) |rows| {
         var turn: usize = 0;
         const Site = struct {
-            fn call(kk: K.Kernels, hh: H.Kernels, t: *usize, mx: []const Ptr, base: Ptr, scale: Ptr, st: Ptr, rw: Ptr, mp: Ptr, col: Ptr, o: Ptr, part: Ptr, r: usize) !void {
+            fn call(kk: K.Kernels, hh: H.Kernels, t: *usize, mx: []const Ptr, base: Ptr, scale: Ptr, st: Ptr, rw: Ptr, mp: Ptr, nw: Ptr, nd: Ptr, o: Ptr, part: Ptr, r: usize) !void {
                 const c = t.* % copies;
                 t.* += 1;
-                try kk.denseMma(.{ .x = st, .weight = mx[c], .half = false, .y = rw, .y_stride = mixes + 1, .partial = part, .rows = r, .in_features = mult * hidden, .out_features = mixes, .squares = true });
+                const in = mult * hidden;
+                try kk.denseMma(.{ .x = st, .weight = mx[c], .half = false, .y = rw, .y_stride = mixes + 1, .partial = part, .rows = r, .in_features = in, .out_features = mixes, .squares = true, .reduce = false });
+                const splits = K.Kernels.denseSplits(in, mixes);
                 const site: H.Site = .{ .mix = mx[c], .base = base, .scale = scale };
-                try hh.enter(st, site, rw, mp, col, r, mult, hidden, 1e-6, 1e-6, 20);
+                try hh.mapsFrom(if (splits > 1) part else rw, splits, site, mp, r, mult, hidden, 1e-6, 1e-6, 20);
+                try hh.collapseNorm(st, mp, nw, nd, r, mult, hidden, 1e-6);
                 try hh.leave(st, mp, o, r, mult, hidden);
             }
         };
-        const us = try bench_time.timeMedian(gpu, 20, Site.call, .{ k, hk, &turn, &mix, site_base, site_scale, streams, raw, maps, collapsed, out, partial, rows }, diag);
-        // The matrix once; the streams read by the dots, the collapse and the mix, written once.
+        const us = try bench_time.timeMedian(gpu, 20, Site.call, .{ k, hk, &turn, &mix, site_base, site_scale, streams, raw, maps, norm, normed, out, partial, rows }, diag);
+        // The matrix once; the streams read by the dots, the collapse and the mix, written once;
+        // the normed input written, the sublayer's output read.
         const bytes = 4 * (mixes * mult * hidden + rows * mult * hidden * 4 + rows * hidden * 2);
-        line("hyper site (dots, maps, in, out)", rows, us, bytes, copy_gbs);
+        line("hyper site (4 launches)", rows, us, bytes, copy_gbs);
     }
 
     // KDA's convolution and delta rule of one layer.

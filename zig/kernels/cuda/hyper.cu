@@ -49,26 +49,50 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mix(const float* __
 }
 
 // A warp per row: the logits scaled by the norm's inverse (the flattened streams' unweighted RMS
-// norm, applied after the dot products), then the maps. Lane (a, b) < m² owns comb's entry: each
+// norm, applied after the dot products), then the maps. The logits and the sum of squares come as
+// `splits` partial sums each, sums[(row·(mixes + 1) + j)·splits + s] (glm_forward.cu's
+// tf_dense_f32 leaves them so; tf_hc_mix's raw is the case splits = 1), added here in split
+// order: the launch that added them on its own cost ~3 us a site. Lane (a, b) < m² owns comb's entry: each
 // softmax and Sinkhorn pass gathers its row or column by shuffles and sums it in the CPU's order
 // (one thread doing all 40 passes took 56 us, a block with barriers 20). m is a template argument
 // so that a pass's m shuffles issue together instead of one loop trip each (8.5 us a site at m 4
 // with a runtime m). maps[row]: pre (m), post (m), comb (m²).
 template <int M>
-__device__ __forceinline__ void hc_maps(const float* __restrict__ raw, const float* __restrict__ base, const float* __restrict__ scale,
-                                        float* __restrict__ maps, int row, int hidden, float norm_eps, float hc_eps, int iters) {
+__device__ __forceinline__ void hc_maps(const float* __restrict__ sums, int splits, const float* __restrict__ base,
+                                        const float* __restrict__ scale, float* __restrict__ maps, int row, int hidden, float norm_eps,
+                                        float hc_eps, int iters) {
     constexpr int kMixes = (2 + M) * M;
-    const float* logits = raw + static_cast<size_t>(row) * (kMixes + 1);
-    const float inverse = 1.0f / sqrtf(logits[kMixes] / (M * hidden) + norm_eps);
-    float* out = maps + static_cast<size_t>(row) * kMixes;
     const int t = threadIdx.x;
+    // Lane t adds up value t and t + 32 (m = 5 has 36 values).
+    const auto total = [&](int j) {
+        if (j > kMixes) return 0.f;
+        const float* part = sums + (static_cast<size_t>(row) * (kMixes + 1) + j) * splits;
+        float sum = 0.f;
+        for (int s0 = 0; s0 < splits; s0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = s0 + i < splits ? part[s0 + i] : 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum += v[i];
+        }
+        return sum;
+    };
+    const float low = total(t), high = total(t + kWarp);
+    const auto logit = [&](int j) {
+        const float lo = __shfl_sync(0xFFFFFFFFu, low, j % kWarp), hi = __shfl_sync(0xFFFFFFFFu, high, j % kWarp);
+        return j < kWarp ? lo : hi;
+    };
+    const float inverse = 1.0f / sqrtf(logit(kMixes) / (M * hidden) + norm_eps);
+    float* out = maps + static_cast<size_t>(row) * kMixes;
+    const float pre = logit(t % M), post = logit(M + t % M);
     if (t < M) {
-        out[t] = sigmoid(logits[t] * inverse * scale[0] + base[t]) + hc_eps;
-        out[M + t] = 2.0f * sigmoid(logits[M + t] * inverse * scale[1] + base[M + t]);
+        out[t] = sigmoid(pre * inverse * scale[0] + base[t]) + hc_eps;
+        out[M + t] = 2.0f * sigmoid(post * inverse * scale[1] + base[M + t]);
     }
     const bool owner = t < M * M;
     const int a = owner ? t / M : 0, b = owner ? t % M : 0;
-    float v = owner ? logits[2 * M + t] * inverse * scale[2] + base[2 * M + t] : 0.f;
+    const float comb = logit(2 * M + (owner ? t : 0));
+    float v = owner ? comb * inverse * scale[2] + base[2 * M + t] : 0.f;
     const auto gather = [&](float x, int first, int step, float (&line)[M]) {
 #pragma unroll
         for (int j = 0; j < M; ++j) line[j] = __shfl_sync(0xFFFFFFFFu, x, first + j * step);
@@ -98,18 +122,18 @@ __device__ __forceinline__ void hc_maps(const float* __restrict__ raw, const flo
     if (owner) out[2 * M + t] = v;
 }
 
-extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __restrict__ raw, const float* __restrict__ base,
+extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __restrict__ sums, int splits, const float* __restrict__ base,
                                                               const float* __restrict__ scale, float* __restrict__ maps, int rows, int m,
                                                               int hidden, float norm_eps, float hc_eps, int iters) {
-    static_assert(kMultMax == 5, "an instance per m");
+    static_assert(kMultMax == 5 && (2 + kMultMax) * kMultMax + 1 <= 2 * kWarp, "an instance per m; two values per lane");
     const int row = blockIdx.x;
     if (row >= rows) return;
     switch (m) {
-        case 1: return hc_maps<1>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        case 2: return hc_maps<2>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        case 3: return hc_maps<3>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        case 4: return hc_maps<4>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        default: return hc_maps<5>(raw, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 1: return hc_maps<1>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 2: return hc_maps<2>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 3: return hc_maps<3>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        case 4: return hc_maps<4>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
+        default: return hc_maps<5>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
     }
 }
 
@@ -124,6 +148,54 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse(const floa
     float out = 0.f;
     for (int s = 0; s < m; ++s) out += pre[s] * x[static_cast<size_t>(s) * hidden];
     collapsed[static_cast<size_t>(row) * hidden + d] = out;
+}
+
+// The sublayer's input Σ_s pre_s·stream_s and its RMSNorm (weight, eps) in one block per row, the
+// collapse kept in registers: tf_hc_collapse then glm_forward.cu's tf_rmsnorm, in one launch and
+// the same operations in the same order (hidden % 4 == 0, hidden <= 4·kThreads·kNormCache).
+constexpr int kNormCache = 8;
+
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse_norm(const float* __restrict__ streams, const float* __restrict__ maps,
+                                                                          const float* __restrict__ weight, float* __restrict__ normed,
+                                                                          int rows, int m, int hidden, float eps) {
+    __shared__ float partial[kWarps];
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* pre = maps + static_cast<size_t>(row) * (2 + m) * m;
+    const float4* x = reinterpret_cast<const float4*>(streams + static_cast<size_t>(row) * m * hidden);
+    const int n4 = hidden / 4;
+    float4 v[kNormCache];
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNormCache; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i >= n4) continue;
+        for (int s = 0; s < m; ++s) {
+            const float4 in = x[static_cast<size_t>(s) * n4 + i];
+            v[j].x += pre[s] * in.x;
+            v[j].y += pre[s] * in.y;
+            v[j].z += pre[s] * in.z;
+            v[j].w += pre[s] * in.w;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kNormCache; ++j) sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    sum = warp_sum(sum);
+    if (threadIdx.x % kWarp == 0) partial[threadIdx.x / kWarp] = sum;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < kWarps; ++w) total += partial[w];
+    const float inverse = 1.0f / sqrtf(total / hidden + eps);
+    const float4* weight4 = reinterpret_cast<const float4*>(weight);
+    float4* target = reinterpret_cast<float4*>(normed + static_cast<size_t>(row) * hidden);
+#pragma unroll
+    for (int j = 0; j < kNormCache; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        if (i >= n4) continue;
+        const float4 w = weight4[i];
+        target[i] = make_float4(w.x * (v[j].x * inverse), w.y * (v[j].y * inverse), w.z * (v[j].z * inverse), w.w * (v[j].w * inverse));
+    }
 }
 
 // Stream j of each row becomes post_j·out + Σ_i comb_ij·stream_i: a thread per (row, dim) reads

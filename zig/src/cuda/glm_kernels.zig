@@ -250,6 +250,9 @@ pub const Kernels = struct {
         in_features: usize,
         out_features: usize,
         squares: bool = false,
+        /// With splits > 1, leave the splits' sums in `partial` for the caller's next kernel
+        /// (partial[(row·(out_features + squares) + j)·splits + s]) instead of adding them.
+        reduce: bool = true,
     };
 
     /// The floats of `partial` a DenseCall of `rows` rows needs.
@@ -271,7 +274,7 @@ pub const Kernels = struct {
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         const grid = [3]u32{ blocks(c.out_features, 32), @intCast(splits), blocks(c.rows, 32) };
         if (c.half) try k.run("tf_dense_half", grid, 256, ptrs) else try k.run("tf_dense_f32", grid, 256, ptrs);
-        if (splits == 1) return;
+        if (splits == 1 or !c.reduce) return;
         const pitch = c.out_features + @intFromBool(c.squares);
         var b = .{ c.partial, c.bias, c.y, @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(pitch)), @as(c_int, @intCast(c.out_features)), @as(c_int, @intCast(c.y_stride)), @as(c_int, @intCast(splits)) };
         try k.run("tf_dense_splits", .{ blocks(c.rows * pitch, 8), 1, 1 }, 256, .{ &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7] });

@@ -8,7 +8,7 @@ const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
-pub const Module = gpu_mod.Module(&.{ "tf_hc_mix", "tf_hc_maps", "tf_hc_collapse", "tf_hc_leave", "tf_hc_spread", "tf_hc_mean" });
+pub const Module = gpu_mod.Module(&.{ "tf_hc_mix", "tf_hc_maps", "tf_hc_collapse", "tf_hc_collapse_norm", "tf_hc_leave", "tf_hc_spread", "tf_hc_mean" });
 
 /// kMultMax in hyper.cu (config.zig's hyper_mult_max): comb's entries fit a warp.
 pub const mult_max = 5;
@@ -34,21 +34,36 @@ pub const Kernels = struct {
         return @intCast(std.math.divCeil(usize, hidden, threads) catch unreachable);
     }
 
-    /// maps (rows, 2m + m²): each row's pre, post and comb; collapsed (rows, hidden): the
-    /// sublayer's input, from streams (rows, m, hidden). raw: (rows, 2m + m² + 1) scratch.
     /// raw (rows, mixes + 1) = the mixing dots, then the streams' sum of squares.
     pub fn mix(k: Kernels, streams: Ptr, site: Site, raw: Ptr, rows: usize, m: usize, hidden: usize) Error!void {
         const mixes = (2 + m) * m;
         try k.run("tf_hc_mix", .{ @intCast(rows), @intCast(mixes + 1), 1 }, threads, .{ streams, site.mix, raw, @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)) });
     }
 
-    /// From raw (mix's), the site's maps and the collapse of the streams into `collapsed`.
-    pub fn enter(k: Kernels, streams: Ptr, site: Site, raw: Ptr, maps: Ptr, collapsed: Ptr, rows: usize, m: usize, hidden: usize, norm_eps: f32, hc_eps: f32, iters: usize) Error!void {
+    /// `out` (rows, 2m + m²): each row's pre, post and comb, from the dots and sum of squares as
+    /// `splits` partial sums each (sums[(row·(mixes + 1) + j)·splits + s]; mix's raw: splits 1).
+    pub fn mapsFrom(k: Kernels, sums: Ptr, splits: usize, site: Site, out: Ptr, rows: usize, m: usize, hidden: usize, norm_eps: f32, hc_eps: f32, iters: usize) Error!void {
         try k.run("tf_hc_maps", .{ @intCast(rows), 1, 1 }, 32, .{
-            raw,                          site.base, site.scale, maps,                        @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)),
-            @as(c_int, @intCast(hidden)), norm_eps,  hc_eps,     @as(c_int, @intCast(iters)),
+            sums,                    @as(c_int, @intCast(splits)), site.base, site.scale, out,                         @as(c_int, @intCast(rows)),
+            @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)), norm_eps,  hc_eps,     @as(c_int, @intCast(iters)),
         });
+    }
+
+    /// collapsed (rows, hidden) = Σ_s pre_s·stream_s, the sublayer's input.
+    pub fn collapse(k: Kernels, streams: Ptr, maps: Ptr, collapsed: Ptr, rows: usize, m: usize, hidden: usize) Error!void {
         try k.run("tf_hc_collapse", .{ @intCast(rows), columns(hidden), 1 }, threads, .{ streams, maps, collapsed, @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)) });
+    }
+
+    /// Whether collapseNorm takes rows of `hidden` (kNormCache float4 per thread in hyper.cu).
+    pub fn collapseNormFits(hidden: usize) bool {
+        return hidden % 4 == 0 and hidden <= 4 * threads * 8;
+    }
+
+    /// normed (rows, hidden) = RMSNorm(Σ_s pre_s·stream_s) · weight: collapse and the site's norm
+    /// in one launch.
+    pub fn collapseNorm(k: Kernels, streams: Ptr, maps: Ptr, weight: Ptr, normed: Ptr, rows: usize, m: usize, hidden: usize, eps: f32) Error!void {
+        std.debug.assert(collapseNormFits(hidden));
+        try k.run("tf_hc_collapse_norm", .{ @intCast(rows), 1, 1 }, threads, .{ streams, maps, weight, normed, @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)), eps });
     }
 
     /// streams += the sublayer's output `out` (rows, hidden) through the maps `enter` left.

@@ -1,7 +1,7 @@
 //! The GPU side of hyper-connections (parts/hyper.zig) and the forward of a model that has them, as
-//! forward_cpu.zig runs it: model.hidden holds each row's `mult` streams; per site tf_hc_enter
-//! collapses them into model.collapsed (then the site's RMSNorm into model.normed), the sublayer
-//! runs, and tf_hc_leave mixes its output back into the streams; the head reads their mean. The
+//! forward_cpu.zig runs it: model.hidden holds each row's `mult` streams; per site `enter`
+//! computes the maps and collapses the streams through the site's RMSNorm into model.normed, the
+//! sublayer runs, and tf_hc_leave mixes its output back into the streams; the head reads their mean. The
 //! plain forward fuses each residual add with the next norm; here the site's maps stand between.
 const std = @import("std");
 const core = @import("../../../core/root.zig");
@@ -44,12 +44,17 @@ fn mixOnTensorCores(model: *const GpuModel) bool {
     return model.dense_mma and (model.config.hyper.mult * model.config.hidden_size) % 16 == 0;
 }
 
-/// A site's entry: raw logits and sum of squares, then its maps and the collapse.
-fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, rows: usize) Error!void {
+/// A site's entry into model.normed: the mixing dots and sum of squares, the maps, then the
+/// collapse and the sublayer's RMSNorm (`norm`). On the tensor-core path the dots' split sums go
+/// to the maps kernel unadded, and the collapse and norm are one launch where the width allows:
+/// four launches a site where there were six.
+fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, norm: Ptr, rows: usize) Error!void {
     const c = model.config;
     const m = c.hyper.mult;
     const d = c.hidden_size;
     const mixes = c.hyper.mixes();
+    var sums = model.hyper_raw;
+    var splits: usize = 1;
     if (mixOnTensorCores(model)) {
         try k.denseMma(.{
             .x = model.hidden,
@@ -62,11 +67,17 @@ fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, rows: usiz
             .in_features = m * d,
             .out_features = mixes,
             .squares = true,
+            .reduce = false,
         });
+        splits = K.Kernels.denseSplits(m * d, mixes);
+        if (splits > 1) sums = model.acc;
     } else {
         try hk.mix(model.hidden, site, model.hyper_raw, rows, m, d);
     }
-    try hk.enter(model.hidden, site, model.hyper_raw, model.maps, model.collapsed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
+    try hk.mapsFrom(sums, splits, site, model.maps, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
+    if (H.Kernels.collapseNormFits(d)) return hk.collapseNorm(model.hidden, model.maps, norm, model.normed, rows, m, d, c.rms_norm_eps);
+    try hk.collapse(model.hidden, model.maps, model.collapsed, rows, m, d);
+    try k.rmsnorm(model.collapsed, norm, model.normed, rows, d, c.rms_norm_eps);
 }
 
 /// The whole forward of a hyper-connected model, queued on the stream (cuda_model.enqueue's
@@ -81,12 +92,10 @@ pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, diag:
     try hk.spread(model.collapsed, model.hidden, rows, m, d);
     for (model.blocks, 0..) |*block, layer| {
         const sites = block.hyper.?;
-        try enter(model, k, hk, sites.attn, rows);
-        try k.rmsnorm(model.collapsed, block.input_norm, model.normed, rows, d, c.rms_norm_eps);
+        try enter(model, k, hk, sites.attn, block.input_norm, rows);
         try model.attentionPart(k, block, layer, rows);
         try hk.leave(model.hidden, model.maps, model.projected, rows, m, d);
-        try enter(model, k, hk, sites.ffn, rows);
-        try k.rmsnorm(model.collapsed, block.post_attention_norm, model.normed, rows, d, c.rms_norm_eps);
+        try enter(model, k, hk, sites.ffn, block.post_attention_norm, rows);
         try model.ffnPart(k, block, rows);
         try hk.leave(model.hidden, model.maps, model.ffn_out, rows, m, d);
     }
