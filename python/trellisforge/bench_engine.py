@@ -86,22 +86,27 @@ def main(argv: list[str] | None = None) -> None:
     rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed, f"rows_max {args.rows_max}"))
     # Greedy, then sampled as chat clients do (temperature 0.7, top-p 0.95): the sampled row's
     # logits cross to the host and are sorted there.
+    # Streams run until cancelled: long prompts prefill in turn, and a stream that ended after
+    # decode_tokens would be gone before the last one started (at a 32k context, four of them
+    # timed nothing).
+    budget = max(engine.context_tokens_max - args.decode_context, args.decode_tokens)
     for streams, sampling in ((1, "greedy"), (4, "greedy"), (1, "t0.7p0.95")):
-        params = Sampling(max_tokens=args.decode_tokens)
+        params = Sampling(max_tokens=budget)
         if sampling != "greedy":
-            params = Sampling(max_tokens=args.decode_tokens, temperature=0.7, top_p=0.95, seed=1)
-        for _ in range(streams):
-            engine.add(prompt[:args.decode_context], params, stop_token_ids=[])
-        # Timed: the steps in which every stream decodes, from the last stream's first token (long
-        # prompts prefill in turn) until the first stream ends.
+            params = Sampling(max_tokens=budget, temperature=0.7, top_p=0.95, seed=1)
+        ids = [engine.add(prompt[:args.decode_context], params, stop_token_ids=[]) for _ in range(streams)]
+        # Timed: decode_tokens - 1 steps in which every stream decodes, from the last stream's
+        # first token on.
         started = set()
         while len(started) < streams:
             started.update(event.sequence_id for event in engine.step())
         produced = 0
         start = time.perf_counter()
-        while engine.stats()["sequences_live"] == streams:
+        for _ in range(args.decode_tokens - 1):
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
+        for sequence_id in ids:
+            engine.cancel(sequence_id)
         while engine.stats()["sequences_live"]:
             engine.step()
         rows.append(("decode", streams, produced, elapsed, produced / elapsed, f"{sampling}, context {args.decode_context}"))

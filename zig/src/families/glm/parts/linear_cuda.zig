@@ -117,38 +117,30 @@ pub fn noteDenseSplits(model: *GpuModel, in_features: usize, out_features: usize
 /// y = x · Wᵀ (+ b) over `rows` rows for an unquantized weight.
 pub fn runDense(model: *GpuModel, k: K.Kernels, d: Dense, x: Ptr, y: Ptr, rows: usize, in_features: usize, out_features: usize) Error!void {
     if (!d.mma) return k.denseLinear(x, d.weight, d.bias, y, rows, in_features, out_features);
-    try k.denseMma(.{
-        .x = x,
-        .weight = d.weight,
-        .half = d.half,
-        .bias = d.bias,
-        .y = y,
-        .y_stride = out_features,
-        .partial = model.acc,
-        .rows = rows,
-        .in_features = in_features,
-        .out_features = out_features,
-    });
+    try k.denseMma(denseCall(model, d, x, 0, y, rows, in_features, out_features));
 }
 
-/// y = x · Wᵀ for an unquantized tensor-core weight whose input rows are x_stride floats apart
-/// (a part of a wider row, as KDA's stacked gates leave them).
+/// runDense for a tensor-core weight whose input rows are x_stride floats apart (a part of a
+/// wider row, as KDA's stacked gates leave them).
 pub fn runDenseStrided(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Ptr, x_stride: usize, y: Ptr, rows: usize) Error!void {
-    const d = linear.kind.dense;
-    std.debug.assert(d.mma);
-    try k.denseMma(.{
+    std.debug.assert(linear.kind.dense.mma);
+    try k.denseMma(denseCall(model, linear.kind.dense, x, x_stride, y, rows, linear.in_features, linear.out_features));
+}
+
+fn denseCall(model: *GpuModel, d: Dense, x: Ptr, x_stride: usize, y: Ptr, rows: usize, in_features: usize, out_features: usize) K.Kernels.DenseCall {
+    return .{
         .x = x,
         .weight = d.weight,
         .half = d.half,
         .bias = d.bias,
         .y = y,
         .x_stride = x_stride,
-        .y_stride = linear.out_features,
+        .y_stride = out_features,
         .partial = model.acc,
         .rows = rows,
-        .in_features = linear.in_features,
-        .out_features = linear.out_features,
-    });
+        .in_features = in_features,
+        .out_features = out_features,
+    };
 }
 
 /// The fields every EXL3 launch of this model shares, for a weight of `shape` (anything with
