@@ -56,3 +56,11 @@ def test_setup_says_what_it_does():
         started = [line for line in lines if line.startswith("setup:") and step in line and "..." in line]
         finished = [line for line in lines if line.startswith("setup:") and step in line and re.search(r"done in \d+ s", line)]
         assert started and finished, (step, done.stdout)
+
+
+def test_the_zig_sources_are_formatted():
+    """`zig fmt --check` over the host, the tools and the build script: formatting drift shows up in
+    review as noise beside real changes."""
+    done = subprocess.run([sys.executable, "-m", "ziglang", "fmt", "--check", "zig", "build.zig"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, "unformatted: " + done.stdout + done.stderr

@@ -14,7 +14,7 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_exl3_prompt_rotate", "tf_exl3_prompt_gu",   "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
+    "tf_exl3_prompt_rotate", "tf_exl3_prompt_gu",    "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
     "tf_exl3_prompt_down",   "tf_exl3_prompt_down3", "tf_exl3_prompt_down2",
 });
 
@@ -142,7 +142,7 @@ pub const Launcher = struct {
         const groups: u32 = @intCast(groupsMax(c.items, c.layers));
         try l.rotate(s, c.x, 0, c.items_per_row, c.gate_up, 2, c.up_offset, c.layer_of_item, c.items, c.hidden, c.gate.k_p);
         const gu = .{
-            c.gate_up, int(c.up_offset), c.down,  g.sorted,         g.first,           g.count,           g.layer, g.total,
+            c.gate_up, int(c.up_offset), c.down,       g.sorted,        g.first,         g.count,      g.layer,                     g.total,
             s.rotated, s.down_in,        int(c.items), int(c.gate.k_p), int(c.gate.n_p), int(c.width), @as(c_int, c.gate.codebook),
         };
         const gu_grid: [3]u32 = .{ @intCast(c.gate.n_p / 128), groups, 1 };
@@ -165,7 +165,7 @@ pub const Launcher = struct {
     fn rotate(l: Launcher, s: Scratch, x: Ptr, up: Ptr, items_per_row: usize, table: Ptr, ops: usize, op_stride: usize, layer_of_item: Ptr, items: usize, in_features: usize, k_p: usize) Error!void {
         const g = s.grouping;
         const args = .{
-            x,       up,      int(items_per_row), table,   int(ops),  int(op_stride), g.sorted,        layer_of_item,
+            x,       up,      int(items_per_row), table,   int(ops),  int(op_stride), g.sorted,         layer_of_item,
             g.first, g.count, g.layer,            g.total, s.rotated, int(items),     int(in_features), int(k_p),
         };
         try l.run("tf_exl3_prompt_rotate", .{ @intCast(std.math.divCeil(usize, k_p / 128, 8) catch unreachable), @intCast(items), 1 }, args);
@@ -174,8 +174,8 @@ pub const Launcher = struct {
     fn down(l: Launcher, s: Scratch, input: Ptr, table: Ptr, shape: Shape, out_features: usize, y: Ptr, items: usize, groups: u32) Error!void {
         const g = s.grouping;
         const args = .{
-            table,         g.sorted,       g.first,        g.count,           g.layer,                   g.total, input, y,
-            int(items),    int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
+            table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, input, y,
+            int(items), int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
         };
         const grid: [3]u32 = .{ @intCast(std.math.divCeil(usize, shape.n_p, 256) catch unreachable), groups, 1 };
         switch (shape.bits2) {

@@ -36,4 +36,3 @@ fn invalid(diag: *Diagnostic, comptime fmt: []const u8, args: anytype) error{Inv
     diag.set(fmt, args);
     return error.InvalidArgument;
 }
-
