@@ -155,3 +155,31 @@ def test_reasoning_effort_reaches_the_chat_template(tmp_path):
         assert maximal.usage.prompt_tokens == expected("Max")
         refused = httpx.post(f"{base}/v1/chat/completions", json={"model": "glm-tiny", "messages": MESSAGES, "reasoning_effort": "huge"}, timeout=30)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning_effort"
+
+
+def test_a_repeated_system_prompt_is_served_from_the_prefix_cache(server):
+    """Two chats sharing a long system prompt: the second reports the shared full KV pages as
+    usage.prompt_tokens_details.cached_tokens, /metrics counts them, and its answer equals what a
+    server without the cache gives."""
+    base, client = server
+    system = {"role": "system", "content": "You are a careful assistant. " * 12}
+    first = [system, {"role": "user", "content": "Name a colour."}]
+    second = [system, {"role": "user", "content": "Name a number."}]
+    one = client.chat.completions.create(model="glm-tiny", messages=first, max_tokens=8, temperature=0)
+    two = client.chat.completions.create(model="glm-tiny", messages=second, max_tokens=8, temperature=0)
+    assert one.usage.prompt_tokens_details.cached_tokens == 0
+    cached = two.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % 16 == 0 and cached < two.usage.prompt_tokens
+    streamed = client.chat.completions.create(model="glm-tiny", messages=second, max_tokens=8, temperature=0, stream=True,
+                                              stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (two.usage.prompt_tokens - 1) // 16 * 16
+    metrics = httpx.get(f"{base}/metrics").text
+    hits = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("trellisforge_prefix_cache_hit_tokens "))
+    assert hits >= cached
+    with running_server("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", "--no-prefix-cache") as (other, _):
+        plain = openai.OpenAI(base_url=f"{other}/v1", api_key="x", max_retries=0, timeout=120)
+        plain.chat.completions.create(model="glm-tiny", messages=first, max_tokens=8, temperature=0)
+        again = plain.chat.completions.create(model="glm-tiny", messages=second, max_tokens=8, temperature=0)
+        assert again.usage.prompt_tokens_details.cached_tokens == 0
+        assert again.choices[0].message.content == two.choices[0].message.content

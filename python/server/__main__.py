@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tp-master", help="HOST:PORT where rank 0 waits for the workers")
     parser.add_argument("--max-body-mb", type=float, default=8.0,
                         help="largest request body accepted, in MB; larger ones get 413 (default 8: ~2M tokens of text)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="compute every prompt in full (by default a prompt's full KV pages that an earlier prompt"
+                             " already computed are reused: the same numbers, less time to the first token)")
     parser.add_argument("--keep-serving", action="store_true",
                         help="when the model fails to load, keep serving /health (503 with the cause) instead of exiting 1")
     return parser.parse_args(argv)
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
                           backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max,
                           tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None,
-                          max_body_mb=args.max_body_mb)
+                          max_body_mb=args.max_body_mb, prefix_cache=not args.no_prefix_cache)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
     app = create_app(config)

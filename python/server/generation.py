@@ -45,6 +45,7 @@ class ChoiceState:
         self.cancel_engine = False  # ended here (stop string) while the engine would go on
         self._last_token_at: float | None = None
         self.started = time.monotonic()  # for the time to the first token
+        self.cached_tokens = 0  # its prompt's tokens the engine took from the prefix cache
 
     def role_chunk(self) -> dict:
         return {"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -72,6 +73,7 @@ class ChoiceState:
             metrics.inter_token_latency.observe(now - self._last_token_at)
         self._last_token_at = now
         self.tokens += 1
+        self.cached_tokens = event.cached_tokens
         logprobs = [self._logprob_entry(event)] if self.want_logprobs else []
         ends_on_eos = event.finish_reason == "stop" and event.token in self.eos_ids
         raw = "" if ends_on_eos or event.token in self.hidden_ids else self.detokenizer.add(event.token)

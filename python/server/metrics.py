@@ -25,12 +25,20 @@ class Metrics:
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.kv_pages_used = Gauge("trellisforge_kv_pages_used", "KV cache pages holding tokens", registry=r)
         self.kv_pages_free = Gauge("trellisforge_kv_pages_free", "KV cache pages free", registry=r)
+        self.kv_pages_cached = Gauge("trellisforge_kv_pages_cached", "KV cache pages the prefix cache holds", registry=r)
+        self.prefix_hit_tokens = Gauge("trellisforge_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache since start",
+                                       registry=r)
+        self.prefix_miss_tokens = Gauge("trellisforge_prefix_cache_miss_tokens",
+                                        "Prompt tokens computed while the prefix cache runs, since start", registry=r)
 
     def update_engine(self, stats: dict) -> None:
         self.requests_running.set(stats["sequences_live"])
         self.requests_waiting.set(stats["sequences_waiting"])
         self.kv_pages_used.set(stats["pages_total"] - stats["pages_free"])
         self.kv_pages_free.set(stats["pages_free"])
+        self.kv_pages_cached.set(stats["pages_cached"])
+        self.prefix_hit_tokens.set(stats["prefix_hit_tokens"])
+        self.prefix_miss_tokens.set(stats["prefix_miss_tokens"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

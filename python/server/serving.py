@@ -64,7 +64,7 @@ async def generate(state, body, plan: Plan):
     if body.stream:
         return StreamingResponse(stream(state, handles, header, body, prompt_tokens, plan.kind), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await collect(state, handles, header, prompt_tokens, plan.kind)
+    return await collect(state, handles, header, body, prompt_tokens, plan.kind)
 
 
 async def submit(state, body, plan: Plan) -> list:
@@ -103,7 +103,7 @@ def cancel_all(state, handles) -> int:
     return len(unfinished)
 
 
-async def collect(state, handles, header, prompt_tokens: int, kind: str):
+async def collect(state, handles, header, body, prompt_tokens: int, kind: str):
     try:
         for choice, sequence_id, events in handles:
             while not choice.done:
@@ -124,7 +124,7 @@ async def collect(state, handles, header, prompt_tokens: int, kind: str):
         **header,
         "object": "chat.completion" if kind == "chat" else "text_completion",
         "choices": [choice.final(kind) for choice, _, _ in handles],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens(handles, body.n)),
     })
 
 
@@ -159,7 +159,8 @@ async def stream(state, handles, header, body, prompt_tokens: int, kind: str):
                 del pending[sequence_id]
         if body.stream_options and body.stream_options.include_usage:
             completion_tokens = sum(choice.tokens for choice, _, _ in handles)
-            yield sse({**header, "object": chunk_object, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+            yield sse({**header, "object": chunk_object, "choices": [],
+                       "usage": usage(prompt_tokens, completion_tokens, cached_tokens(handles, body.n))})
         yield "data: [DONE]\n\n"
     finally:
         for forwarder in forwarders:
@@ -171,8 +172,15 @@ async def stream(state, handles, header, body, prompt_tokens: int, kind: str):
         state.metrics.requests.labels("cancelled" if pending else "failed" if failed else "completed").inc()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def cached_tokens(handles, n: int) -> int:
+    """Prompt tokens served from the prefix cache, counted once per prompt as prompt_tokens are
+    (its first choice's sequence; the others of an n > 1 request start together with it)."""
+    return sum(choice.cached_tokens for choice, _, _ in handles[::n])
 
 
 def sse(payload: dict) -> str:

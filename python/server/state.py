@@ -33,6 +33,7 @@ class ServerConfig:
     tp_world: int = 1
     tp_master: str | None = None
     max_body_mb: float = 8.0
+    prefix_cache: bool = True
 
 
 class State:
@@ -55,7 +56,9 @@ class State:
         try:
             self.tokenizer = Tokenizer(c.model_dir)
             self.engine = trellisforge.Engine(c.model_dir, backend=c.backend, max_seqs=c.max_seqs, ctx=c.ctx, rows_max=c.rows_max,
-                                              tp_world=c.tp_world, tp_master=c.tp_master)
+                                              tp_world=c.tp_world, tp_master=c.tp_master, prefix_cache=c.prefix_cache)
+            if c.prefix_cache and not self.engine.stats()["prefix_cache"]:
+                log.info("prefix caching is off for this model: its layers keep recurrent state, which cached pages do not carry")
             self.grammars = Grammars(self.tokenizer.json_text, self.engine.vocab_size, self.engine.eos_token_ids,
                                      self.tokenizer.token_id)
             self.runtime = Runtime(self.engine, self.metrics)

@@ -60,16 +60,19 @@ class TokenEvent:
     logprob: float
     top: tuple[tuple[int, float], ...]
     finish_reason: str | None  # None while the sequence goes on
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Engine:
     def __init__(self, model_dir: str | os.PathLike, backend: str = "cpu", max_seqs: int = 16,
                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, tp_world: int = 1,
-                 tp_master: str | None = None):
+                 tp_master: str | None = None, prefix_cache: bool = False):
         """tp_world > 1 without tp_master: the ranks are threads of this process (cpu). With
         tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
-        workers (`run_tp_worker`)."""
-        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world)
+        workers (`run_tp_worker`). prefix_cache: a prompt maps the KV pages of an earlier prompt's
+        identical full pages instead of computing them (not for models with recurrent state;
+        stats()["prefix_cache"] says whether it runs)."""
+        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world, prefix_cache)
         self.model_dir = pathlib.Path(model_dir)
         handle = ffi.new("tf_engine **")
         if tp_master:
@@ -81,14 +84,14 @@ class Engine:
 
     @classmethod
     def synthetic(cls, config: dict | str, bits: int = 3, seed: int = 0, backend: str = "cpu", max_seqs: int = 16,
-                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256) -> "Engine":
+                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, prefix_cache: bool = False) -> "Engine":
         """An engine over random EXL3 weights made in memory: `config` is a config.json dict or a
         shape name of `synthesize` ("glm-4.5-air", "tiny-4l", ...). For full-size benchmarks with no
         checkpoint on disk; the same seed gives the same weights, so the same logits."""
         if isinstance(config, str):
             from .synthesize import shape_config
             config = shape_config(config)
-        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, 1)
+        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, 1, prefix_cache)
         text = json.dumps(config).encode()
         handle = ffi.new("tf_engine **")
         check(lib.tf_engine_create_synthetic(text, len(text), params, bits, seed & 0xFFFFFFFFFFFFFFFF, handle))
@@ -150,6 +153,7 @@ class Engine:
                     sequence_id=int(r.sequence_id), token=int(r.token), logprob=float(r.logprob),
                     top=tuple((int(r.top_tokens[j]), float(r.top_logprobs[j])) for j in range(r.top_count)),
                     finish_reason=FINISH_REASONS.get(r.finish, "stop"),
+                    cached_tokens=int(r.cached_tokens),
                 )
                 for r in records
             ]
@@ -178,7 +182,7 @@ class Engine:
             "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
             "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
             "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs", "state_bytes_per_sequence",
-            "state_bytes_total")}
+            "state_bytes_total", "prefix_cache", "pages_cached", "prefix_hit_tokens", "prefix_miss_tokens")}
 
     # ---- high level ----
 
@@ -240,7 +244,8 @@ def run_tp_worker(model_dir: str | os.PathLike, rank: int, master: str) -> None:
     check(lib.tf_tp_worker_run(os.fsencode(os.fspath(model_dir)), rank, host.encode(), port))
 
 
-def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: int, rows_max: int, tp_world: int):
+def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: int, rows_max: int, tp_world: int,
+            prefix_cache: bool = False):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
     params = ffi.new("tf_engine_params *")
@@ -251,6 +256,7 @@ def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: i
     params.context_tokens_max = ctx
     params.rows_max = rows_max
     params.tp_world = tp_world
+    params.prefix_cache = int(prefix_cache)
     return params
 
 

@@ -128,6 +128,9 @@ typedef struct {
     uint32_t context_tokens_max; /* 0: the model's max_position_embeddings, capped at 8192 */
     uint32_t rows_max;           /* tokens per step: prompt chunks + decode rows */
     uint32_t tp_world;           /* tensor-parallel ranks inside this process (cpu); 0 or 1 = none */
+    uint32_t prefix_cache;       /* 1: a prompt maps the KV pages of an earlier prompt's identical full
+                                    pages instead of computing them (not for models with recurrent
+                                    state: stats say whether it runs) */
 } tf_engine_params;
 
 typedef struct {
@@ -156,6 +159,8 @@ typedef struct {
     uint32_t top_count;
     uint32_t top_tokens[20];
     float top_logprobs[20];
+    uint32_t cached_tokens;      /* prompt tokens of this sequence served from the prefix cache */
+    uint32_t reserved;
 } tf_step_record;
 
 typedef struct {
@@ -174,6 +179,10 @@ typedef struct {
     uint64_t kv_pairs;           /* attention layers whose k and v projections run as one GPU launch */
     uint64_t state_bytes_per_sequence; /* recurrent (KDA) state a sequence holds, whatever its length */
     uint64_t state_bytes_total;  /* that state for every sequence slot, allocated at creation */
+    uint32_t prefix_cache;       /* 1: prefix caching runs */
+    uint32_t pages_cached;       /* pages the prefix cache holds (the unreferenced ones count as free) */
+    uint64_t prefix_hit_tokens;  /* prompt tokens served from the prefix cache */
+    uint64_t prefix_miss_tokens; /* prompt tokens computed while prefix caching runs */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

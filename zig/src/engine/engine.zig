@@ -8,6 +8,7 @@ const assert = std.debug.assert;
 const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const KvPages = @import("kv_pages.zig").KvPages;
+const PrefixCache = @import("prefix_cache.zig").PrefixCache;
 const sampler = @import("sampler.zig");
 const token_mask = @import("token_mask.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
@@ -45,6 +46,9 @@ const Sequence = struct {
     pages: []u32,
     pages_used: usize = 0,
     pages_reserved: usize = 0,
+    /// Prompt tokens mapped from the prefix cache, and the pages offered to it so far.
+    cached_tokens: usize = 0,
+    pages_offered: usize = 0,
     sampling: sampler.Params = .{},
     stop_tokens: [stop_tokens_max]u32 = undefined,
     stop_count: usize = 0,
@@ -60,6 +64,9 @@ pub const Engine = struct {
     weights: glm.Weights,
     params: Params,
     pages: KvPages,
+    /// Prefix caching, when asked for and the model holds no recurrent state (a cached page would
+    /// not carry the state at its end).
+    prefix: ?PrefixCache,
     /// The KV cache's storage on the host: the CPU backend's (the GPU model keeps its own, as do
     /// tensor-parallel ranks).
     host_cache: ?glm.cache.HostCache,
@@ -145,6 +152,9 @@ pub const Engine = struct {
         const p = engine.params;
         engine.pages = try KvPages.init(gpa, p.kv_pages, p.page_tokens);
         errdefer engine.pages.deinit(gpa);
+        const recurrent = glm.cache.floatsPerSequence(&model) > 0;
+        engine.prefix = if (p.prefix_cache != 0 and !recurrent) try PrefixCache.init(gpa, p.kv_pages, p.page_tokens) else null;
+        errdefer if (engine.prefix) |*cache| cache.deinit(gpa);
         engine.host_cache = null;
         if (p.backend == @backingInt(Backend.cpu) and p.tp_world == 1) {
             engine.host_cache = try glm.cache.HostCache.init(gpa, &model, p.kv_pages, p.page_tokens, p.sequences_max);
@@ -251,6 +261,7 @@ pub const Engine = struct {
         engine.workspace.deinit(gpa);
         engine.scratch.deinit();
         if (engine.host_cache) |*cache| cache.deinit(gpa);
+        if (engine.prefix) |*cache| cache.deinit(gpa);
         engine.pages.deinit(gpa);
         engine.weights.deinit(gpa);
         if (engine.checkpoint) |*checkpoint| checkpoint.deinit();
@@ -305,6 +316,8 @@ pub const Engine = struct {
         sequence.computed = 0;
         sequence.pages_used = 0;
         sequence.pages_reserved = pages_needed;
+        sequence.cached_tokens = 0;
+        sequence.pages_offered = 0;
         sequence.sampling = sampling;
         @memcpy(sequence.stop_tokens[0..stop_tokens.len], stop_tokens);
         sequence.stop_count = stop_tokens.len;
@@ -363,7 +376,18 @@ pub const Engine = struct {
 
     fn finish(engine: *Engine, sequence: *Sequence) void {
         const slot = engine.slotOf(sequence);
-        for (sequence.pages[0..sequence.pages_used]) |page| engine.pages.release(slot, page);
+        // Last page first: a cached page then always becomes evictable after its children, so
+        // eviction never strands a child behind a page that is gone.
+        var i = sequence.pages_used;
+        while (i > 0) {
+            i -= 1;
+            const page = sequence.pages[i];
+            if (engine.prefix) |*cache| if (cache.isCached(page)) {
+                cache.release(page);
+                continue;
+            };
+            engine.pages.release(slot, page);
+        }
         if (sequence.state == .active) engine.pages_reserved -= sequence.pages_reserved;
         sequence.pages_used = 0;
         sequence.state = .free;
@@ -379,7 +403,7 @@ pub const Engine = struct {
         };
         return .{
             .pages_total = engine.params.kv_pages,
-            .pages_free = @intCast(engine.pages.free_count),
+            .pages_free = @intCast(engine.pages.free_count + if (engine.prefix) |c| c.evictable else 0),
             .pages_reserved = @intCast(engine.pages_reserved),
             .sequences_live = live,
             .sequences_waiting = waiting,
@@ -393,6 +417,10 @@ pub const Engine = struct {
             .kv_pairs = if (engine.gpu_model) |model| model.kvPairs() else 0,
             .state_bytes_per_sequence = 4 * glm.cache.floatsPerSequence(engine.config()),
             .state_bytes_total = 4 * glm.cache.floatsPerSequence(engine.config()) * engine.params.sequences_max,
+            .prefix_cache = @intFromBool(engine.prefix != null),
+            .pages_cached = if (engine.prefix) |c| @intCast(c.cached_count) else 0,
+            .prefix_hit_tokens = if (engine.prefix) |c| c.hit_tokens else 0,
+            .prefix_miss_tokens = if (engine.prefix) |c| c.miss_tokens else 0,
         };
     }
 
@@ -407,6 +435,40 @@ pub const Engine = struct {
             if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) return;
             engine.pages_reserved += sequence.pages_reserved;
             sequence.state = .active;
+            engine.mapCachedPrefix(sequence);
+        }
+    }
+
+    /// A newly active sequence's prompt starts at its cached full pages, if any: they are mapped
+    /// (their budget stays in the sequence's reservation, so admission never over-commits) and
+    /// its computation starts after them. At least the prompt's last token is always computed: its
+    /// logits give the first token.
+    fn mapCachedPrefix(engine: *Engine, sequence: *Sequence) void {
+        const cache = &(engine.prefix orelse return);
+        const n = engine.params.page_tokens;
+        const prompt = sequence.tokens[0..sequence.prompt_len];
+        const mapped = cache.lookup(prompt, (prompt.len - 1) / n, sequence.pages);
+        sequence.pages_used = mapped;
+        sequence.pages_offered = mapped;
+        sequence.computed = mapped * n;
+        sequence.cached_tokens = mapped * n;
+        cache.hit_tokens += mapped * n;
+        cache.miss_tokens += prompt.len - mapped * n;
+    }
+
+    /// Offers the prefix cache every page of `sequence` that its prompt has now filled.
+    fn offerFilledPages(engine: *Engine, sequence: *Sequence) void {
+        const cache = &(engine.prefix orelse return);
+        const n = engine.params.page_tokens;
+        const filled = @min(sequence.computed, sequence.prompt_len) / n;
+        while (sequence.pages_offered < filled) : (sequence.pages_offered += 1) {
+            const i = sequence.pages_offered;
+            const page = sequence.pages[i];
+            if (cache.isCached(page)) continue; // mapped from the cache
+            const parent: u32 = if (i == 0) std.math.maxInt(u32) else sequence.pages[i - 1];
+            if (i > 0 and !cache.isCached(parent)) continue; // its chain stayed private
+            const parent_key: u64 = if (i == 0) 0 else cache.keyOf(parent);
+            if (cache.register(page, parent, parent_key, sequence.tokens[i * n ..][0..n])) engine.pages.disown(engine.slotOf(sequence), page);
         }
     }
 
@@ -468,6 +530,7 @@ pub const Engine = struct {
         try engine.runForward(rows, logits_count, engine.logits_wanted[0..logits_count], jobs, diag);
         engine.gpu_sampled += jobs;
         for (engine.batch_slots[0..rows]) |slot| engine.sequences[slot].computed += 1;
+        if (engine.prefix != null) for (active) |slot| engine.offerFilledPages(&engine.sequences[slot]);
 
         for (engine.logits_slots[0..logits_count], engine.job_of_row[0..logits_count], 0..) |slot, job, i| {
             const sequence = &engine.sequences[slot];
@@ -525,7 +588,13 @@ pub const Engine = struct {
         assert(page_index <= sequence.pages_used);
         if (page_index < sequence.pages_used) return;
         assert(sequence.pages_used < sequence.pages_reserved); // the budget admitted covers it
-        sequence.pages[sequence.pages_used] = engine.pages.take(engine.slotOf(sequence));
+        const slot = engine.slotOf(sequence);
+        sequence.pages[sequence.pages_used] = if (engine.pages.free_count > 0) engine.pages.take(slot) else taken: {
+            // Admission counted the evictable cached pages as free: one waits.
+            const page = engine.prefix.?.evict().?;
+            engine.pages.adopt(slot, page);
+            break :taken page;
+        };
         sequence.pages_used += 1;
     }
 
@@ -564,6 +633,7 @@ pub const Engine = struct {
             .top_count = choice.top_count,
             .top_tokens = choice.top_tokens,
             .top_logprobs = choice.top_logprobs,
+            .cached_tokens = @intCast(sequence.cached_tokens),
         };
         if (finish_reason != .none) engine.finish(sequence);
         return record;

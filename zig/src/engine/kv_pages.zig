@@ -2,7 +2,9 @@
 //! holds `page_tokens` positions of one sequence, for every layer and every cache part the model
 //! describes (families/glm/cache.zig on the host, the GPU model's device copy); a sequence's page
 //! table lists its pages in position order. Pages are taken as positions arrive and all returned
-//! when the sequence ends or is cancelled. This pool only accounts for them.
+//! when the sequence ends or is cancelled, except those the prefix cache holds (prefix_cache.zig:
+//! disown hands a page to it, adopt takes one back that it evicted). This pool only accounts for
+//! them.
 const std = @import("std");
 const assert = std.debug.assert;
 
@@ -37,6 +39,18 @@ pub const KvPages = struct {
         assert(pool.owner[page] == null); // pairs with the assert in release
         pool.owner[page] = sequence_slot;
         return page;
+    }
+
+    /// A page of `sequence_slot` now held by the prefix cache: no longer the slot's, not free.
+    pub fn disown(pool: *KvPages, sequence_slot: u32, page: u32) void {
+        assert(pool.owner[page].? == sequence_slot);
+        pool.owner[page] = null;
+    }
+
+    /// A page the prefix cache evicted, taken by `sequence_slot` (as `take` would a free one).
+    pub fn adopt(pool: *KvPages, sequence_slot: u32, page: u32) void {
+        assert(pool.owner[page] == null);
+        pool.owner[page] = sequence_slot;
     }
 
     pub fn release(pool: *KvPages, sequence_slot: u32, page: u32) void {

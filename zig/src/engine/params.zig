@@ -14,6 +14,7 @@ pub const Params = extern struct {
     context_tokens_max: u32 = 0, // 0: the model's max_position_embeddings, capped at 8192
     rows_max: u32 = 256, // tokens per step (prompt chunks + decode rows)
     tp_world: u32 = 1, // tensor-parallel ranks inside this process (CPU backend)
+    prefix_cache: u32 = 0, // 1: map earlier prompts' identical full KV pages (prefix_cache.zig)
 };
 
 pub fn resolve(requested: Params, c: glm.Config, diag: *Diagnostic) error{InvalidArgument}!Params {
@@ -23,6 +24,7 @@ pub fn resolve(requested: Params, c: glm.Config, diag: *Diagnostic) error{Invali
     if (p.rows_max == 0 or p.rows_max > 65536) return invalid(diag, "rows_max must be 1..65536", .{});
     if (p.tp_world == 0) p.tp_world = 1;
     if (p.tp_world > 16) return invalid(diag, "tp_world must be 1..16", .{});
+    if (p.prefix_cache > 1) return invalid(diag, "prefix_cache must be 0 or 1", .{});
     if (p.context_tokens_max == 0) p.context_tokens_max = @intCast(@min(c.max_position_embeddings, 8192));
     if (p.context_tokens_max < 2 or p.context_tokens_max > c.max_position_embeddings) {
         return invalid(diag, "context_tokens_max {d} must be 2..{d} (max_position_embeddings)", .{ p.context_tokens_max, c.max_position_embeddings });

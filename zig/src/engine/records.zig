@@ -12,6 +12,9 @@ pub const Record = extern struct {
     top_count: u32,
     top_tokens: [sampler.top_logprobs_max]u32,
     top_logprobs: [sampler.top_logprobs_max]f32,
+    /// Prompt tokens of this sequence whose KV came from the prefix cache.
+    cached_tokens: u32,
+    reserved: u32 = 0,
 };
 
 pub const Stats = extern struct {
@@ -32,4 +35,11 @@ pub const Stats = extern struct {
     /// for every sequence slot at creation (0 for models without it).
     state_bytes_per_sequence: u64,
     state_bytes_total: u64,
+    /// Prefix caching: whether it runs (asked for, and the model has no recurrent state), the pages
+    /// it holds (pages_free counts the evictable ones among them), and the prompt tokens it served
+    /// and did not.
+    prefix_cache: u32,
+    pages_cached: u32,
+    prefix_hit_tokens: u64,
+    prefix_miss_tokens: u64,
 };

@@ -1,5 +1,6 @@
 //! Sequences, the paged KV cache, continuous batching and sampling, over a model family's forward.
 pub const kv_pages = @import("kv_pages.zig");
+pub const prefix_cache = @import("prefix_cache.zig");
 pub const sampler = @import("sampler.zig");
 pub const token_mask = @import("token_mask.zig");
 pub const Engine = @import("engine.zig").Engine;
@@ -7,6 +8,7 @@ pub const engine = @import("engine.zig");
 
 test {
     _ = kv_pages;
+    _ = prefix_cache;
     _ = sampler;
     _ = token_mask;
     _ = engine;
