@@ -133,3 +133,15 @@ def test_mla_shapes_are_not_written_as_files():
     from trellisforge.synthesize import plan_tensors
     with pytest.raises(ValueError, match="Engine.synthetic"):
         plan_tensors(shape_config("glm-5"), 3, 6, "3inst")
+
+
+def test_the_engine_benchmark_times_a_shared_prefix(capsys):
+    """--shared-prefix: the second prompt finds the first's full pages in the prefix cache, and the
+    row says how many and how its time to first token compares."""
+    from trellisforge import bench_engine
+    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "3", "--shared-prefix", "100"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["prefix"]]
+    assert len(rows) == 1
+    assert rows[0][1:3] == ["1", "164"] and float(rows[0][4]) > 0
+    # 100 shared tokens in 16-token pages: 6 full pages.
+    assert " ".join(rows[0][5:]).startswith("shared 100, 96 cached:")

@@ -6,7 +6,9 @@ benchmark, not a test):
     python -m trellisforge.bench_engine MODEL_DIR --backend cuda --tp 2     (one GPU per rank)
 
 Prefill: one prompt's logits at every position. Decode: greedy tokens per second for 1 and for 4
-concurrent sequences (continuous batching), and sampled for 1. With --tp N the ranks 1..N-1 are
+concurrent sequences (continuous batching), and sampled for 1. With --shared-prefix N (the engine
+then runs its prefix cache): two prompts of the same N tokens and 64 of their own, one after the
+other; the "prefix" row is the second one's time to first token, beside the first's. With --tp N the ranks 1..N-1 are
 worker processes on loopback (rank r on GPU r with cuda).
 
 Beside each decode row: the megabytes a step must read (roofline.py: weights as stored, the
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ctx", type=int, default=0, help="the engine's context limit (0: the model's, capped at 8192)")
     parser.add_argument("--rows-max", type=int, default=256, help="rows per forward: the prompt's chunk size")
     parser.add_argument("--bandwidth-gbs", type=float, default=0.0, help="memory bandwidth per GPU (tf-bench's copy GB/s) for the roofline")
+    parser.add_argument("--shared-prefix", type=int, default=0,
+                        help="with the prefix cache on: the time to first token of a prompt sharing N tokens with the one before")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
@@ -51,16 +55,19 @@ def main(argv: list[str] | None = None) -> None:
     workers = []
     load_start = time.perf_counter()
     if args.synthetic:
-        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx)
+        engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx,
+                                  prefix_cache=args.shared_prefix > 0)
     elif args.tp > 1:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             master = f"127.0.0.1:{probe.getsockname()[1]}"
         code = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
         workers = [subprocess.Popen([sys.executable, "-c", code, args.model_dir, str(rank), master]) for rank in range(1, args.tp)]
-        engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, tp_world=args.tp, tp_master=master, rows_max=args.rows_max, ctx=args.ctx)
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, tp_world=args.tp, tp_master=master, rows_max=args.rows_max, ctx=args.ctx,
+                        prefix_cache=args.shared_prefix > 0)
     else:
-        engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx)
+        engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx,
+                        prefix_cache=args.shared_prefix > 0)
     load_seconds = time.perf_counter() - load_start
     if args.synthetic:
         from .synthesize import shape_config
@@ -69,7 +76,6 @@ def main(argv: list[str] | None = None) -> None:
     else:
         config = json.loads((pathlib.Path(args.model_dir) / "config.json").read_text())
         modules = roofline.checkpoint_modules(args.model_dir)
-    roofs = []
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, max(args.prompt_tokens, args.decode_context))]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
@@ -84,6 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     while engine.stats()["sequences_live"]:
         engine.step()
     rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed, f"rows_max {args.rows_max}"))
+    roofs = [None]
+    if args.shared_prefix:
+        rows.append(shared_prefix_row(engine, args.shared_prefix, rng))
+        roofs.append(None)
     # Greedy, then sampled as chat clients do (temperature 0.7, top-p 0.95): the sampled row's
     # logits cross to the host and are sorted there.
     # Streams run until cancelled: long prompts prefill in turn, and a stream that ended after
@@ -120,11 +130,31 @@ def main(argv: list[str] | None = None) -> None:
     if not args.bandwidth_gbs:
         print("roofline: pass --bandwidth-gbs (tf-bench's copy bandwidth) for the tokens/s a step's reads allow")
     print(f"{'phase':<8} {'streams':>7} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'MB/step':>8} {'roofline':>9} {'% roof':>7}  sampling")
-    for (phase, streams, tokens, seconds, rate, sampling), roof in zip(rows, [None] + roofs):
+    for (phase, streams, tokens, seconds, rate, sampling), roof in zip(rows, roofs):
         step, limit = roof if roof else (0.0, 0.0)
         extra = f"{step / 1e6:>8.1f} " if roof else f"{'':>8} "
         extra += f"{limit:>9.1f} {100 * rate / limit:>6.1f}%" if limit else f"{'':>9} {'':>7}"
         print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f} {extra}  {sampling}")
+
+
+def shared_prefix_row(engine, shared: int, rng) -> tuple:
+    """Two prompts of the same `shared` tokens and 64 of their own, one after the other: the second
+    one's time to first token and how it compares with the first's."""
+    common = [int(t) for t in rng.integers(10, engine.vocab_size, shared)]
+    times, cached = [], 0
+    for _ in range(2):
+        engine.add(common + [int(t) for t in rng.integers(10, engine.vocab_size, 64)], Sampling(max_tokens=1), stop_token_ids=[])
+        start = time.perf_counter()
+        events = []
+        while not events:
+            events = engine.step()
+        times.append(time.perf_counter() - start)
+        cached = events[0].cached_tokens
+        while engine.stats()["sequences_live"]:
+            engine.step()
+    tokens = shared + 64
+    note = f"shared {shared}, {cached} cached: {100 * times[1] / times[0]:.1f}% of the first's {times[0]:.3f} s"
+    return ("prefix", 1, tokens, times[1], tokens / times[1], note)
 
 
 if __name__ == "__main__":
