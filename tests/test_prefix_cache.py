@@ -150,3 +150,14 @@ def test_a_model_with_recurrent_state_is_not_cached(tmp_path):
     again = engine.generate(tokens, 3)
     assert first == again
     assert engine.stats()["prefix_hit_tokens"] == 0
+
+
+def test_a_prefix_cache_flag_other_than_0_or_1_is_refused(models):
+    from trellisforge import TrellisError
+    from trellisforge._ffi import check, ffi, lib
+    from trellisforge.engine import _params
+    params = _params("cpu", 2, 0, PAGE, 0, 256, 1)
+    params.prefix_cache = 2
+    handle = ffi.new("tf_engine **")
+    with pytest.raises(TrellisError, match="prefix_cache must be 0 or 1"):
+        check(lib.tf_engine_create(str(models["gqa"]).encode(), params, handle))
