@@ -165,7 +165,7 @@ typedef struct {
 
 typedef struct {
     uint32_t pages_total;
-    uint32_t pages_free;
+    uint32_t pages_free;         /* free, or cached by the prefix cache with no sequence mapping them */
     uint32_t pages_reserved;
     uint32_t sequences_live;
     uint32_t sequences_waiting;
