@@ -9,6 +9,7 @@ const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const KvPages = @import("kv_pages.zig").KvPages;
 const PrefixCache = @import("prefix_cache.zig").PrefixCache;
+const sequence_pages = @import("sequence_pages.zig");
 const sampler = @import("sampler.zig");
 const token_mask = @import("token_mask.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
@@ -35,7 +36,7 @@ pub const stop_tokens_max = 64;
 
 const State = enum { free, waiting, active };
 
-const Sequence = struct {
+pub const Sequence = struct {
     state: State = .free,
     id: u64 = 0,
     /// prompt ++ generated tokens; `tokens[0..computed]` are in the cache.
@@ -376,18 +377,7 @@ pub const Engine = struct {
 
     fn finish(engine: *Engine, sequence: *Sequence) void {
         const slot = engine.slotOf(sequence);
-        // Last page first: a cached page then always becomes evictable after its children, so
-        // eviction never strands a child behind a page that is gone.
-        var i = sequence.pages_used;
-        while (i > 0) {
-            i -= 1;
-            const page = sequence.pages[i];
-            if (engine.prefix) |*cache| if (cache.isCached(page)) {
-                cache.release(page);
-                continue;
-            };
-            engine.pages.release(slot, page);
-        }
+        engine.releasePages(sequence, slot);
         if (sequence.state == .active) engine.pages_reserved -= sequence.pages_reserved;
         sequence.pages_used = 0;
         sequence.state = .free;
@@ -436,39 +426,6 @@ pub const Engine = struct {
             engine.pages_reserved += sequence.pages_reserved;
             sequence.state = .active;
             engine.mapCachedPrefix(sequence);
-        }
-    }
-
-    /// A newly active sequence's prompt starts at its cached full pages, if any: they are mapped
-    /// (their budget stays in the sequence's reservation, so admission never over-commits) and
-    /// its computation starts after them. At least the prompt's last token is always computed: its
-    /// logits give the first token.
-    fn mapCachedPrefix(engine: *Engine, sequence: *Sequence) void {
-        const cache = &(engine.prefix orelse return);
-        const n = engine.params.page_tokens;
-        const prompt = sequence.tokens[0..sequence.prompt_len];
-        const mapped = cache.lookup(prompt, (prompt.len - 1) / n, sequence.pages);
-        sequence.pages_used = mapped;
-        sequence.pages_offered = mapped;
-        sequence.computed = mapped * n;
-        sequence.cached_tokens = mapped * n;
-        cache.hit_tokens += mapped * n;
-        cache.miss_tokens += prompt.len - mapped * n;
-    }
-
-    /// Offers the prefix cache every page of `sequence` that its prompt has now filled.
-    fn offerFilledPages(engine: *Engine, sequence: *Sequence) void {
-        const cache = &(engine.prefix orelse return);
-        const n = engine.params.page_tokens;
-        const filled = @min(sequence.computed, sequence.prompt_len) / n;
-        while (sequence.pages_offered < filled) : (sequence.pages_offered += 1) {
-            const i = sequence.pages_offered;
-            const page = sequence.pages[i];
-            if (cache.isCached(page)) continue; // mapped from the cache
-            const parent: u32 = if (i == 0) std.math.maxInt(u32) else sequence.pages[i - 1];
-            if (i > 0 and !cache.isCached(parent)) continue; // its chain stayed private
-            const parent_key: u64 = if (i == 0) 0 else cache.keyOf(parent);
-            if (cache.register(page, parent, parent_key, sequence.tokens[i * n ..][0..n])) engine.pages.disown(engine.slotOf(sequence), page);
         }
     }
 
@@ -583,21 +540,6 @@ pub const Engine = struct {
         return order[0..count];
     }
 
-    pub fn ensurePage(engine: *Engine, sequence: *Sequence, position: usize) void {
-        const page_index = position / engine.params.page_tokens;
-        assert(page_index <= sequence.pages_used);
-        if (page_index < sequence.pages_used) return;
-        assert(sequence.pages_used < sequence.pages_reserved); // the budget admitted covers it
-        const slot = engine.slotOf(sequence);
-        sequence.pages[sequence.pages_used] = if (engine.pages.free_count > 0) engine.pages.take(slot) else taken: {
-            // Admission counted the evictable cached pages as free: one waits.
-            const page = engine.prefix.?.evict().?;
-            engine.pages.adopt(slot, page);
-            break :taken page;
-        };
-        sequence.pages_used += 1;
-    }
-
     fn sampleInto(engine: *Engine, sequence: *Sequence, logits: ?[]const f32, summary: core.LogitsSummary) Record {
         const history: sampler.History = .{
             .prompt = sequence.tokens[0..sequence.prompt_len],
@@ -638,6 +580,12 @@ pub const Engine = struct {
         if (finish_reason != .none) engine.finish(sequence);
         return record;
     }
+
+    // A sequence's pages: taken, mapped from and offered to the prefix cache, released.
+    pub const ensurePage = sequence_pages.ensurePage;
+    const releasePages = sequence_pages.releasePages;
+    const mapCachedPrefix = sequence_pages.mapCachedPrefix;
+    const offerFilledPages = sequence_pages.offerFilledPages;
 
     /// Logits at every position of each prompt, as fresh sequences batched together: for
     /// Engine.logits() and the batch-invariance checks (prompt_logits.zig).

@@ -113,29 +113,25 @@ pub const PrefixCache = struct {
         cache.refs[page] += 1;
     }
 
-    /// Caches `page`, filled with `page_tokens` tokens after `parent` (none for a prompt's first
-    /// page), referenced by the sequence that filled it. False when an equal page is cached
-    /// already: then `page` stays that sequence's own.
-    pub fn register(cache: *PrefixCache, page: u32, parent: u32, parent_key: u64, page_tokens: []const u32) bool {
+    /// Caches `page`, filled with `page_tokens` tokens after `parent` (null for a prompt's first
+    /// page), referenced by the sequence that filled it. False when its parent is not cached (the
+    /// chain stayed private) or an equal page is cached already: then `page` stays that
+    /// sequence's own.
+    pub fn register(cache: *PrefixCache, page: u32, parent: ?u32, page_tokens: []const u32) bool {
         const n = cache.page_tokens;
         assert(page_tokens.len == n and !cache.cached[page]);
-        if (parent != none and !cache.cached[parent]) return false; // its chain is not cached
-        const key = chainKey(parent_key, page_tokens);
+        if (parent) |p| if (!cache.cached[p]) return false;
+        const key = chainKey(if (parent) |p| cache.keys[p] else 0, page_tokens);
         if (cache.map.contains(key)) return false;
         cache.map.putAssumeCapacity(key, page);
         cache.cached[page] = true;
         cache.refs[page] = 1;
         cache.keys[page] = key;
-        cache.parents[page] = parent;
-        cache.parent_generations[page] = if (parent == none) 0 else cache.generations[parent];
+        cache.parents[page] = parent orelse none;
+        cache.parent_generations[page] = if (parent) |p| cache.generations[p] else 0;
         @memcpy(cache.tokens[page * n ..][0..n], page_tokens);
         cache.cached_count += 1;
         return true;
-    }
-
-    pub fn keyOf(cache: *const PrefixCache, page: u32) u64 {
-        assert(cache.cached[page]);
-        return cache.keys[page];
     }
 
     pub fn isCached(cache: *const PrefixCache, page: u32) bool {
@@ -184,8 +180,8 @@ test "a prompt's full pages are found again, only with equal tokens in the same 
     var cache = try PrefixCache.init(gpa, 8, 2);
     defer cache.deinit(gpa);
     const first = [_]u32{ 1, 2, 3, 4, 5 };
-    try std.testing.expect(cache.register(0, none, 0, first[0..2]));
-    try std.testing.expect(cache.register(1, 0, cache.keyOf(0), first[2..4]));
+    try std.testing.expect(cache.register(0, null, first[0..2]));
+    try std.testing.expect(cache.register(1, 0, first[2..4]));
     cache.release(0);
     cache.release(1);
     try std.testing.expectEqual(@as(usize, 2), cache.evictable);
@@ -201,7 +197,7 @@ test "a prompt's full pages are found again, only with equal tokens in the same 
     cache.release(0);
     cache.release(1);
     try std.testing.expectEqual(@as(?u32, 0), cache.evict());
-    try std.testing.expect(cache.register(0, none, 0, first[0..2]));
+    try std.testing.expect(cache.register(0, null, first[0..2]));
     try std.testing.expectEqual(@as(usize, 1), cache.lookup(&first, 2, &pages));
     try std.testing.expectEqual(@as(u32, 0), pages[0]);
 }
