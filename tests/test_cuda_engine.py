@@ -19,8 +19,8 @@ TOL_GPU_VS_CPU = 1e-4
 @pytest.fixture(scope="module", params=["3.0", "4.0"])
 def engines(request):
     directory = checkpoint_dir(request.param)
-    gpu = trellisforge.Engine(directory, backend="cuda", max_seqs=8)
-    cpu = trellisforge.Engine(directory, backend="cpu", max_seqs=8)
+    gpu = trellisforge.Engine(directory, backend="cuda", max_seqs=8, kv_dtype="f32")
+    cpu = trellisforge.Engine(directory, backend="cpu", max_seqs=8, kv_dtype="f32")
     yield request.param, gpu, cpu
     stats = gpu.stats()
     assert stats["pages_free"] == stats["pages_total"]
@@ -49,8 +49,8 @@ def test_gpu_batch_invariance_bit_for_bit(engines):
     alone = gpu.logits(p["short"])
     batched = gpu.logits_batch([p["long"], p["short"], p["chat"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
-    small_steps = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=7, page_tokens=5)
-    big = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=512)
+    small_steps = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=7, page_tokens=5, kv_dtype="f32")
+    big = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=512, kv_dtype="f32")
     assert np.array_equal(small_steps.logits(p["long"]).view(np.uint32), big.logits(p["long"]).view(np.uint32))
 
 
@@ -72,9 +72,9 @@ def test_recorded_graphs_replay_the_same_bits(monkeypatch):
     """Forwards of few rows are recorded as CUDA graphs and replayed; they must give the bits of
     the same launches issued one by one (TF_CUDA_GRAPHS=0), step after step."""
     p = prompts()
-    replayed = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4)
+    replayed = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
-    direct = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4)
+    direct = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4, kv_dtype="f32")
     for name, tokens in p.items():
         for _ in range(2):  # the second pass replays the recording made by the first
             assert np.array_equal(replayed.logits(tokens).view(np.uint32), direct.logits(tokens).view(np.uint32)), name
@@ -92,8 +92,8 @@ def test_grouped_and_item_paths_give_the_same_bits(monkeypatch):
     monkeypatch.setenv("TF_CUDA_PROMPT", "0")
     tokens = [int(t) for t in np.random.default_rng(9).integers(0, 2048, 40)]
     for variant in ("3.0", "4.0"):
-        items = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=3)
-        grouped = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=64)
+        items = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=3, kv_dtype="f32")
+        grouped = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, rows_max=64, kv_dtype="f32")
         assert np.array_equal(items.logits(tokens).view(np.uint32), grouped.logits(tokens).view(np.uint32)), variant
 
 
@@ -103,8 +103,8 @@ def test_rows_next_to_a_chunk_boundary_equal_the_rows_computed_alone():
     linears on the grouped GEMV) equal the same rows computed one row per forward (groups of one
     row, the item GEMV), bit for bit: tile settings depend on the shape alone."""
     tokens = [int(t) for t in np.random.default_rng(10).integers(0, 2048, 1030)]
-    batched = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1024, ctx=1040).logits(tokens)
-    alone = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1, ctx=1040).logits(tokens[:1026])
+    batched = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1024, ctx=1040, kv_dtype="f32").logits(tokens)
+    alone = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=1, rows_max=1, ctx=1040, kv_dtype="f32").logits(tokens[:1026])
     for position in (1023, 1024, 1025):
         assert np.array_equal(batched[position].view(np.uint32), alone[position].view(np.uint32)), position
 
@@ -113,13 +113,13 @@ def test_prompt_rows_take_the_prompt_kernels_and_generated_rows_the_gemv(monkeyp
     """Both MoE layers of the fixtures (layer 0 is dense) are on the prompt path; a prompt's rows
     go through it and the rows generated after it do not. TF_CUDA_PROMPT=0 turns it off."""
     for variant in ("3.0", "4.0"):
-        engine = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2)
+        engine = trellisforge.Engine(checkpoint_dir(variant), backend="cuda", max_seqs=2, kv_dtype="f32")
         assert engine.stats()["prompt_layers"] == 2
         tokens = prompts()["chat"]
         engine.generate(tokens, 6, stop_token_ids=[])
         assert engine.stats()["prompt_rows"] == len(tokens)
     monkeypatch.setenv("TF_CUDA_PROMPT", "0")
-    off = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    off = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     off.logits(prompts()["short"])
     assert off.stats()["prompt_layers"] == 0 and off.stats()["prompt_rows"] == 0
 
@@ -130,10 +130,10 @@ def test_prompt_kernels_match_the_cpu_at_1_40_200_and_1030_rows(variant, monkeyp
     kernels (fp16 high/low inputs, fp32 accumulation) against the CPU forward (itself within 1e-4
     of the float64 reference), and against the same GPU forward on the GEMV."""
     directory = checkpoint_dir(variant)
-    fused = trellisforge.Engine(directory, backend="cuda", max_seqs=1, rows_max=1030, ctx=1040)
-    cpu = trellisforge.Engine(directory, backend="cpu", max_seqs=1, rows_max=1030, ctx=1040)
+    fused = trellisforge.Engine(directory, backend="cuda", max_seqs=1, rows_max=1030, ctx=1040, kv_dtype="f32")
+    cpu = trellisforge.Engine(directory, backend="cpu", max_seqs=1, rows_max=1030, ctx=1040, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_PROMPT", "0")
-    gemv = trellisforge.Engine(directory, backend="cuda", max_seqs=1, rows_max=1030, ctx=1040)
+    gemv = trellisforge.Engine(directory, backend="cuda", max_seqs=1, rows_max=1030, ctx=1040, kv_dtype="f32")
     rng = np.random.default_rng(12)
     for rows in (1, 40, 200, 1030):
         tokens = [int(t) for t in rng.integers(0, 2048, rows)]
@@ -153,7 +153,7 @@ def test_generated_rows_keep_their_bits_when_prompt_rows_share_the_step():
     sampling = trellisforge.Sampling(max_tokens=12, temperature=0.9, seed=5)
 
     def run(with_second_prompt: bool):
-        engine = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+        engine = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
         first = engine.add(p["chat"], sampling, stop_token_ids=[])
         events, steps = [], 0
         while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
@@ -185,9 +185,9 @@ def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
     1) unless TF_CUDA_SHARED_MERGE=0 keeps it on its own: prompt logits (prompt kernels) and the
     log-probabilities of generated tokens (GEMV) are the same bits either way."""
     p = prompts()
-    merged = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    merged = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_SHARED_MERGE", "0")
-    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     assert_same_bits(merged, apart, p)
 
 
@@ -196,9 +196,9 @@ def test_k_and_v_in_one_launch_or_two_give_the_same_bits(monkeypatch):
     both unless TF_CUDA_KV_PAIR=0 launches them apart: prompt logits, the log-probabilities of
     generated tokens, and a step of generated rows beside a prompt are the same bits either way."""
     p = prompts()
-    paired = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3)
+    paired = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_KV_PAIR", "0")
-    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3)
+    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3, kv_dtype="f32")
     assert paired.stats()["kv_pairs"] == model_config("3.0")["num_hidden_layers"]
     assert apart.stats()["kv_pairs"] == 0
     assert_same_bits(paired, apart, p)
@@ -227,12 +227,12 @@ def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkey
     rng = np.random.default_rng(5)
     config = model_config("3.0")
     prompt = [int(t) for t in rng.integers(10, config["vocab_size"], 1500)]
-    tiled = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
+    tiled = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_PROMPT_ATTENTION", "0")
-    spread = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
+    spread = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_ATTENTION_SPREAD", "0")
-    whole = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32)
-    cpu = trellisforge.Engine(checkpoint_dir("3.0"), backend="cpu", max_seqs=2)
+    whole = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=32, kv_dtype="f32")
+    cpu = trellisforge.Engine(checkpoint_dir("3.0"), backend="cpu", max_seqs=2, kv_dtype="f32")
     on_spread = spread.logits(prompt)
     assert np.array_equal(on_spread.view(np.uint32), whole.logits(prompt).view(np.uint32))
     on_cpu = cpu.logits(prompt)
@@ -251,8 +251,8 @@ def test_prompt_attention_rows_keep_their_bits_in_any_tile(monkeypatch):
     config = model_config("3.0")
     a = [int(t) for t in rng.integers(10, config["vocab_size"], 300)]
     b = [int(t) for t in rng.integers(10, config["vocab_size"], 77)]
-    big = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64)
-    small = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=7)
+    big = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=64, kv_dtype="f32")
+    small = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, rows_max=7, kv_dtype="f32")
     together = big.logits_batch([a, b])
     for tokens, batched in zip((a, b), together):
         assert np.array_equal(small.logits(tokens).view(np.uint32), batched.view(np.uint32))

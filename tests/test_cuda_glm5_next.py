@@ -28,8 +28,8 @@ TOL_GPU = 1e-4
 @pytest.fixture(scope="module")
 def engines():
     root = fixture_or_skip()
-    gpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=8)
-    cpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cpu", max_seqs=8)
+    gpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=8, kv_dtype="f32")
+    cpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cpu", max_seqs=8, kv_dtype="f32")
     yield root, gpu, cpu
     stats = gpu.stats()
     assert stats["pages_free"] == stats["pages_total"] and stats["sequences_live"] == 0
@@ -66,7 +66,7 @@ def test_gpu_batch_invariance_chunk_boundaries_and_slot_reuse_bit_for_bit(engine
     alone = gpu.logits(p["long"])
     batched = gpu.logits_batch([p["short"], p["long"], p["chat"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
-    with trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=1, rows_max=7, page_tokens=5) as small:
+    with trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=1, rows_max=7, page_tokens=5, kv_dtype="f32") as small:
         assert np.array_equal(small.logits(p["long"]).view(np.uint32), alone.view(np.uint32))
         sequence = small.add(p["chat"], trellisforge.Sampling(max_tokens=4))
         small.step()  # 7 rows of chat into the only slot's state, then cancelled
@@ -82,7 +82,7 @@ def test_graphs_keep_the_bits(engines, monkeypatch):
     recorded = [e.logprob for e in gpu.stream(tokens, max_tokens=12, stop_token_ids=[], temperature=0.8, seed=3)]
     assert gpu.stats()["graph_replays"] > 0
     monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
-    with trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2) as plain:
+    with trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2, kv_dtype="f32") as plain:
         replayed = [e.logprob for e in plain.stream(tokens, max_tokens=12, stop_token_ids=[], temperature=0.8, seed=3)]
         assert plain.stats()["graph_replays"] == 0
     assert np.array_equal(np.array(recorded, dtype=np.float32).view(np.uint32), np.array(replayed, dtype=np.float32).view(np.uint32))
@@ -123,5 +123,5 @@ def test_gpu_variants_match_the_float64_reference(tmp_path, variant):
     for layer in model.indexer_scores:
         margins = model.selection_margins(layer)
         assert not np.any((margins > 0) & (margins < 1e-5)), f"layer {layer}: a pool selection within 1e-5 of flipping"
-    with trellisforge.Engine(model_dir, backend="cuda", max_seqs=2, rows_max=16) as engine:
+    with trellisforge.Engine(model_dir, backend="cuda", max_seqs=2, rows_max=16, kv_dtype="f32") as engine:
         within(worst(engine.logits(tokens), expected), TOL_GPU, f"glm5_next {variant} on the GPU: worst of {len(tokens)} positions")

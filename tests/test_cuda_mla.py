@@ -24,8 +24,8 @@ TOL_GPU = 1e-4
 @pytest.fixture(scope="module", params=FAMILIES)
 def engines(request):
     root = family_or_skip(request.param)
-    gpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=8)
-    cpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cpu", max_seqs=8)
+    gpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=8, kv_dtype="f32")
+    cpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cpu", max_seqs=8, kv_dtype="f32")
     yield request.param, root, gpu, cpu
     stats = gpu.stats()
     assert stats["pages_free"] == stats["pages_total"]
@@ -67,7 +67,7 @@ def test_gpu_batch_invariance_and_chunk_boundaries_bit_for_bit(engines):
     alone = gpu.logits(p["long"])
     batched = gpu.logits_batch([p["short"], p["long"], p["chat"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
-    small = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2, rows_max=7, page_tokens=5)
+    small = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2, rows_max=7, page_tokens=5, kv_dtype="f32")
     assert np.array_equal(small.logits(p["long"]).view(np.uint32), alone.view(np.uint32))
 
 
@@ -80,7 +80,7 @@ def test_spread_attention_and_graphs_keep_the_bits(engines, monkeypatch):
     spread = [e.logprob for e in gpu.stream(tokens, max_tokens=12, stop_token_ids=[], temperature=0.8, seed=3)]
     monkeypatch.setenv("TF_CUDA_ATTENTION_SPREAD", "0")
     monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
-    whole = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2)
+    whole = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2, kv_dtype="f32")
     alone = [e.logprob for e in whole.stream(tokens, max_tokens=12, stop_token_ids=[], temperature=0.8, seed=3)]
     assert np.array_equal(np.float32(spread).view(np.uint32), np.float32(alone).view(np.uint32))
     assert gpu.stats()["graph_replays"] > 0

@@ -1,10 +1,14 @@
 """Prefix caching on the GPU: the prompts of tests/test_prefix_cache.py through the CUDA engine with
 and without the cache, tokens and log-probabilities bit for bit (the GPU reads mapped pages through
-the same tables, and its chunk invariance is what makes them equal), GQA, MLA and MLA + DSA."""
+the same tables, and its chunk invariance is what makes them equal), for GQA (every cache dtype), MLA
+and MLA + DSA (the ../shared fixtures: the GPU's MLA kernels take the real models' latent shape; f32
+and f16 latents)."""
 from __future__ import annotations
 
 import pytest
-from test_prefix_cache import PAGE, all_pages_back, models, requests, run  # noqa: F401 (fixture)
+from conftest import SHARED
+from glm_fixtures import checkpoint_dir
+from test_prefix_cache import PAGE, all_pages_back, requests, run
 
 import trellisforge
 from trellisforge import Sampling
@@ -13,12 +17,23 @@ AVAILABLE, REASON = trellisforge.cuda_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
 
 
-@pytest.mark.parametrize("kind", ["gqa", "mla", "dsa"])
-def test_cached_prefixes_change_no_bit_on_the_gpu(models, kind):  # noqa: F811
+def model_dir(kind: str):
+    if kind == "gqa":
+        return checkpoint_dir("3.0")
+    root = SHARED.parent / ("glm4_moe_lite" if kind == "mla" else "glm_moe_dsa")
+    if not root.is_dir():
+        pytest.skip(f"{root} is absent: the MLA fixtures are read from ../shared")
+    return root / "exl3_3.0bpw"
+
+
+@pytest.mark.parametrize(("kind", "kv_dtype"), [("gqa", "f32"), ("gqa", "f16"), ("gqa", "fp8"), ("mla", "f32"), ("mla", "f16"),
+                                                ("dsa", "f16")])
+def test_cached_prefixes_change_no_bit_on_the_gpu(kind, kv_dtype):
     prompts = requests()
     sampling = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=3)
-    with trellisforge.Engine(models[kind], backend="cuda", max_seqs=4, page_tokens=PAGE) as plain, \
-         trellisforge.Engine(models[kind], backend="cuda", max_seqs=4, page_tokens=PAGE, prefix_cache=True) as cached:
+    directory = model_dir(kind)
+    with trellisforge.Engine(directory, backend="cuda", max_seqs=4, page_tokens=PAGE, kv_dtype=kv_dtype) as plain, \
+         trellisforge.Engine(directory, backend="cuda", max_seqs=4, page_tokens=PAGE, prefix_cache=True, kv_dtype=kv_dtype) as cached:
         want = run(plain, prompts, sampling)
         got = run(cached, prompts, sampling)
         assert [g[:2] for g in got] == [w[:2] for w in want]

@@ -115,7 +115,7 @@ def test_bad_jobs_are_refused_with_a_reason(bad, message):
 @gpu
 def test_the_engine_samples_on_the_gpu_reproducibly(monkeypatch):
     tokens = prompts()["chat"]
-    engine = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    engine = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     first = engine.generate(tokens, 16, temperature=0.8, top_p=0.9, seed=21, stop_token_ids=[])
     again = engine.generate(tokens, 16, temperature=0.8, top_p=0.9, seed=21, stop_token_ids=[])
     assert first == again and len(first) == 16
@@ -124,6 +124,6 @@ def test_the_engine_samples_on_the_gpu_reproducibly(monkeypatch):
     engine.generate(tokens, 4, temperature=0.8, seed=21, top_logprobs=2, stop_token_ids=[])
     assert engine.stats()["gpu_sampled"] == 32
     monkeypatch.setenv("TF_CUDA_SAMPLING", "0")
-    host = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2)
+    host = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     assert len(host.generate(tokens, 16, temperature=0.8, top_p=0.9, seed=21, stop_token_ids=[])) == 16
     assert host.stats()["gpu_sampled"] == 0

@@ -25,8 +25,8 @@ def test_gpu_tp2_on_one_gpu_matches_cpu(monkeypatch):
     master = f"127.0.0.1:{free_port()}"
     worker = start_worker(directory, 1, master, backend="cuda")
     try:
-        engine = trellisforge.Engine(directory, backend="cuda", max_seqs=4, tp_world=2, tp_master=master)
-        reference = trellisforge.Engine(directory, max_seqs=4)
+        engine = trellisforge.Engine(directory, backend="cuda", max_seqs=4, tp_world=2, tp_master=master, kv_dtype="f32")
+        reference = trellisforge.Engine(directory, max_seqs=4, kv_dtype="f32")
         for name, tokens in prompts().items():
             ours, expected = engine.logits(tokens), reference.logits(tokens)
             within(max(relative_l2(ours[t], expected[t]) for t in range(len(tokens))), 1e-4, f"GPU TP=2 vs CPU TP=1, {name}")

@@ -27,8 +27,8 @@ def test_tp2_on_two_gpus_matches_one_gpu(monkeypatch, variant):
     master = f"127.0.0.1:{free_port()}"
     worker = start_worker(directory, 1, master, backend="cuda")
     try:
-        engine = trellisforge.Engine(directory, backend="cuda", max_seqs=4, tp_world=2, tp_master=master)
-        one_gpu = trellisforge.Engine(directory, backend="cuda", max_seqs=4)
+        engine = trellisforge.Engine(directory, backend="cuda", max_seqs=4, tp_world=2, tp_master=master, kv_dtype="f32")
+        one_gpu = trellisforge.Engine(directory, backend="cuda", max_seqs=4, kv_dtype="f32")
         for name, tokens in prompts().items():
             ours, expected = engine.logits(tokens), one_gpu.logits(tokens)
             within(max(relative_l2(ours[t], expected[t]) for t in range(len(tokens))), TOL_TP, f"{variant} {name}: TP=2 on 2 GPUs vs 1 GPU")

@@ -25,7 +25,7 @@ def all_pages_free(engine) -> bool:
 
 def test_logits_alone_equal_logits_batched_bit_for_bit(model_dir):
     p = prompts()
-    engine = trellisforge.Engine(model_dir, max_seqs=4)
+    engine = trellisforge.Engine(model_dir, max_seqs=4, kv_dtype="f32")
     alone = engine.logits(p["short"])
     batched = engine.logits_batch([p["long"], p["short"], p["chat"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
@@ -34,8 +34,8 @@ def test_logits_alone_equal_logits_batched_bit_for_bit(model_dir):
 
 def test_chunked_prefill_equals_one_pass_bit_for_bit(model_dir):
     tokens = prompts()["long"]
-    whole = trellisforge.Engine(model_dir, max_seqs=2, rows_max=512).logits(tokens)
-    chunked = trellisforge.Engine(model_dir, max_seqs=2, rows_max=7, page_tokens=5).logits(tokens)
+    whole = trellisforge.Engine(model_dir, max_seqs=2, rows_max=512, kv_dtype="f32").logits(tokens)
+    chunked = trellisforge.Engine(model_dir, max_seqs=2, rows_max=7, page_tokens=5, kv_dtype="f32").logits(tokens)
     assert np.array_equal(whole.view(np.uint32), chunked.view(np.uint32))
 
 
@@ -55,7 +55,7 @@ def test_decode_alone_equals_decode_in_a_batch(model_dir):
     """Tokens and log-probabilities, bit for bit, while other sequences prefill and decode alongside."""
     p = prompts()
     sampling = Sampling(max_tokens=12, temperature=0.8, top_p=0.9, seed=7, top_logprobs=3)
-    engine = trellisforge.Engine(model_dir, max_seqs=4, rows_max=40)
+    engine = trellisforge.Engine(model_dir, max_seqs=4, rows_max=40, kv_dtype="f32")
     (alone,) = run_together(engine, [(p["short"], sampling)])
     mixed = run_together(engine, [
         (p["long"], Sampling(max_tokens=5, seed=1, temperature=1.0)),
@@ -70,7 +70,7 @@ def test_decode_alone_equals_decode_in_a_batch(model_dir):
 
 
 def test_same_seed_same_tokens(model_dir):
-    engine = trellisforge.Engine(model_dir, max_seqs=2)
+    engine = trellisforge.Engine(model_dir, max_seqs=2, kv_dtype="f32")
     tokens = prompts()["random"]
     first = engine.generate(tokens, 16, temperature=1.0, top_k=50, seed=1234)
     again = engine.generate(tokens, 16, temperature=1.0, top_k=50, seed=1234)
@@ -79,7 +79,7 @@ def test_same_seed_same_tokens(model_dir):
 
 
 def test_stop_tokens_end_a_sequence(model_dir):
-    engine = trellisforge.Engine(model_dir, max_seqs=2)
+    engine = trellisforge.Engine(model_dir, max_seqs=2, kv_dtype="f32")
     tokens = prompts()["short"]
     greedy = engine.generate(tokens, 8, stop_token_ids=[])
     events = list(engine.stream(tokens, 8, stop_token_ids=[greedy[3]]))
@@ -89,7 +89,7 @@ def test_stop_tokens_end_a_sequence(model_dir):
 
 
 def test_cancel_mid_generation_frees_its_pages(model_dir):
-    engine = trellisforge.Engine(model_dir, max_seqs=2, page_tokens=4)
+    engine = trellisforge.Engine(model_dir, max_seqs=2, page_tokens=4, kv_dtype="f32")
     stream = engine.stream(prompts()["long"], 50, stop_token_ids=[])
     for _ in range(3):
         next(stream)
@@ -104,7 +104,7 @@ def test_a_full_pool_makes_sequences_wait_without_corruption(model_dir):
     """Two sequences that each need 3 of the pool's 4 pages: the second waits for the first, and
     both produce exactly what they produce alone."""
     p = prompts()
-    engine = trellisforge.Engine(model_dir, max_seqs=3, page_tokens=16, kv_pages=4)
+    engine = trellisforge.Engine(model_dir, max_seqs=3, page_tokens=16, kv_pages=4, kv_dtype="f32")
     sampling = Sampling(max_tokens=10)
     alone = [run_together(engine, [(p[name], sampling)])[0] for name in ("chat", "short")]
 
@@ -129,7 +129,7 @@ def test_a_full_pool_makes_sequences_wait_without_corruption(model_dir):
 
 
 def test_a_prompt_longer_than_the_context_is_refused(model_dir):
-    engine = trellisforge.Engine(model_dir, max_seqs=2, ctx=64)
+    engine = trellisforge.Engine(model_dir, max_seqs=2, ctx=64, kv_dtype="f32")
     with pytest.raises(TrellisError, match="the prompt has 320 tokens; the context holds 64") as caught:
         engine.add(prompts()["long"], Sampling(max_tokens=4))
     assert caught.value.status_name == "invalid argument"
@@ -139,7 +139,7 @@ def test_a_prompt_longer_than_the_context_is_refused(model_dir):
 
 
 def test_generation_stops_at_the_context(model_dir):
-    engine = trellisforge.Engine(model_dir, max_seqs=2, ctx=30)
+    engine = trellisforge.Engine(model_dir, max_seqs=2, ctx=30, kv_dtype="f32")
     tokens = prompts()["short"]  # 25 tokens
     events = list(engine.stream(tokens, 100, stop_token_ids=[]))
     assert len(events) == 5 and events[-1].finish_reason == "length"
@@ -153,13 +153,13 @@ def test_generation_stops_at_the_context(model_dir):
     ("top_logprobs", 21, "top_logprobs"),
 ])
 def test_bad_sampling_parameters(model_dir, field, value, message):
-    engine = trellisforge.Engine(model_dir, max_seqs=1)
+    engine = trellisforge.Engine(model_dir, max_seqs=1, kv_dtype="f32")
     with pytest.raises(TrellisError, match=message):
         engine.add(prompts()["short"], Sampling(**{field: value}))
 
 
 def test_bad_tokens_and_empty_prompts(model_dir):
-    engine = trellisforge.Engine(model_dir, max_seqs=1)
+    engine = trellisforge.Engine(model_dir, max_seqs=1, kv_dtype="f32")
     with pytest.raises(TrellisError, match="outside the vocabulary"):
         engine.add([2, 4, 999999], Sampling())
     with pytest.raises(TrellisError, match="empty"):
@@ -179,27 +179,27 @@ def copy_with_config(tmp_path, model_dir, edit):
 def test_config_missing_a_field_is_named(tmp_path, model_dir):
     target = copy_with_config(tmp_path, model_dir, lambda c: c.pop("moe_intermediate_size"))
     with pytest.raises(TrellisError, match="missing field 'moe_intermediate_size'"):
-        trellisforge.Engine(target)
+        trellisforge.Engine(target, kv_dtype="f32")
 
 
 def test_unsupported_architecture_is_named(tmp_path, model_dir):
     target = copy_with_config(tmp_path, model_dir, lambda c: c.update(architectures=["KimiLinearForCausalLM"]))
     with pytest.raises(TrellisError, match="unsupported architecture .KimiLinearForCausalLM.") as caught:
-        trellisforge.Engine(target)
+        trellisforge.Engine(target, kv_dtype="f32")
     assert caught.value.status_name == "unsupported"
 
 
 def test_config_that_disagrees_with_the_weights(tmp_path, model_dir):
     target = copy_with_config(tmp_path, model_dir, lambda c: c.update(hidden_size=640))
     with pytest.raises(TrellisError, match="does not fit the model's|expected"):
-        trellisforge.Engine(target)
+        trellisforge.Engine(target, kv_dtype="f32")
 
 
 def test_unknown_backend_and_cuda_without_a_gpu(model_dir):
     with pytest.raises(ValueError):
-        trellisforge.Engine(model_dir, backend="tpu")
+        trellisforge.Engine(model_dir, backend="tpu", kv_dtype="f32")
     if trellisforge.cuda_available()[0]:
         pytest.skip("a GPU is present: tests/test_cuda_engine.py covers the CUDA backend")
     with pytest.raises(TrellisError, match="CUDA unavailable") as caught:
-        trellisforge.Engine(model_dir, backend="cuda")
+        trellisforge.Engine(model_dir, backend="cuda", kv_dtype="f32")
     assert caught.value.status_name == "cuda"

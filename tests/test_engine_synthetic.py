@@ -17,7 +17,7 @@ PROMPT = [3, 17, 42, 99, 7, 250, 1, 64]
 
 @pytest.fixture(scope="module")
 def tiny():
-    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, max_seqs=4) as engine:
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, max_seqs=4, kv_dtype="f32") as engine:
         yield engine
 
 
@@ -25,11 +25,11 @@ def test_same_seed_same_bits_other_seed_other_weights(tiny):
     logits = tiny.logits(PROMPT)
     assert logits.shape == (len(PROMPT), shape_config("tiny")["vocab_size"])
     assert np.isfinite(logits).all()
-    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, max_seqs=4) as again:
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, max_seqs=4, kv_dtype="f32") as again:
         assert np.array_equal(again.logits(PROMPT).view(np.uint32), logits.view(np.uint32))
-    with trellisforge.Engine.synthetic("tiny", bits=3, seed=6, max_seqs=4) as other:
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=6, max_seqs=4, kv_dtype="f32") as other:
         assert relative_l2(other.logits(PROMPT)[-1], logits[-1]) > 0.1
-    with trellisforge.Engine.synthetic("tiny", bits=2, seed=5, max_seqs=4) as fewer_bits:
+    with trellisforge.Engine.synthetic("tiny", bits=2, seed=5, max_seqs=4, kv_dtype="f32") as fewer_bits:
         assert relative_l2(fewer_bits.logits(PROMPT)[-1], logits[-1]) > 0.01
 
 
@@ -46,8 +46,8 @@ def test_it_generates_and_frees_its_pages(tiny):
 
 
 def test_config_dict_and_shape_name_agree():
-    with trellisforge.Engine.synthetic(shape_config("tiny-2l"), seed=1) as by_dict, \
-            trellisforge.Engine.synthetic("tiny-2l", seed=1) as by_name:
+    with trellisforge.Engine.synthetic(shape_config("tiny-2l"), seed=1, kv_dtype="f32") as by_dict, \
+            trellisforge.Engine.synthetic("tiny-2l", seed=1, kv_dtype="f32") as by_name:
         assert np.array_equal(by_dict.logits(PROMPT[:3]), by_name.logits(PROMPT[:3]))
 
 
@@ -59,7 +59,7 @@ def test_config_dict_and_shape_name_agree():
 ])
 def test_bad_config_is_a_clear_error(config, bits, message):
     with pytest.raises(trellisforge.TrellisError, match=message):
-        trellisforge.Engine.synthetic(config, bits=bits)
+        trellisforge.Engine.synthetic(config, bits=bits, kv_dtype="f32")
 
 
 def test_malformed_json_is_a_clear_error():
@@ -75,7 +75,7 @@ AVAILABLE, REASON = trellisforge.cuda_available()
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
 def test_gpu_forward_of_a_synthetic_model_matches_cpu(tiny):
-    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, backend="cuda", max_seqs=4) as gpu:
+    with trellisforge.Engine.synthetic("tiny", bits=3, seed=5, backend="cuda", max_seqs=4, kv_dtype="f32") as gpu:
         on_gpu, on_cpu = gpu.logits(PROMPT), tiny.logits(PROMPT)
         within(max(relative_l2(on_gpu[t], on_cpu[t]) for t in range(len(PROMPT))), 1e-4, "synthetic GPU vs CPU")
 
@@ -95,7 +95,7 @@ def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
     modules = roofline.synthetic_modules(config, 3, 6)
     for row, streams, sampling in zip(rows[1:], (1, 4, 1), ("greedy,", "greedy,", "t0.7p0.95,")):
         assert row[8:] == [sampling, "context", "40"]
-        step = roofline.step_bytes(modules, config, streams, 40 + 3 // 2)
+        step = roofline.step_bytes(modules, config, streams, 40 + 3 // 2, "f16")  # bench_engine's default cache
         assert float(row[5]) == pytest.approx(step / 1e6, abs=0.05)
         assert float(row[6]) == pytest.approx(streams * 100e9 / step, rel=1e-3)
         assert float(row[7].rstrip("%")) == pytest.approx(100 * float(row[4]) / float(row[6]), abs=0.1)
@@ -122,7 +122,7 @@ def test_mla_shapes_run_in_memory(shape):
     config = {**shape_config(shape), **SMALL_MLA}
     assert config["num_hidden_layers"] == int(shape.split("-")[-1][:-1])
     assert config["first_k_dense_replace"] <= config["num_hidden_layers"]
-    with trellisforge.Engine.synthetic(config, seed=3, max_seqs=2) as engine:
+    with trellisforge.Engine.synthetic(config, seed=3, max_seqs=2, kv_dtype="f32") as engine:
         logits = engine.logits(PROMPT)
         assert logits.shape == (len(PROMPT), SMALL_MLA["vocab_size"]) and np.isfinite(logits).all()
         spread = float(np.std(logits[-1]))

@@ -46,7 +46,7 @@ def worst(logits: np.ndarray, expected: np.ndarray, positions=None) -> float:
 @pytest.fixture(scope="module")
 def fixture():
     root = fixture_or_skip()
-    engine = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=4)
+    engine = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=4, kv_dtype="f32")
     yield root, engine
     engine.close()
 
@@ -96,9 +96,9 @@ def test_batch_invariance_chunk_boundaries_and_slot_reuse_bit_for_bit(fixture):
     batched = engine.logits_batch([p["short"], p["long"], p["chat"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
     for rows_max in (1, 64):
-        with trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=1, rows_max=rows_max, page_tokens=16) as other:
+        with trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=1, rows_max=rows_max, page_tokens=16, kv_dtype="f32") as other:
             assert np.array_equal(alone.view(np.uint32), other.logits(p["long"]).view(np.uint32)), rows_max
-    with trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=1, rows_max=7, page_tokens=5) as chunked:
+    with trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=1, rows_max=7, page_tokens=5, kv_dtype="f32") as chunked:
         assert np.array_equal(alone.view(np.uint32), chunked.logits(p["long"]).view(np.uint32))
         sequence = chunked.add(p["chat"], trellisforge.Sampling(max_tokens=4))
         chunked.step()  # 7 rows of the chat prompt into the only slot's state, then cancelled
@@ -137,7 +137,7 @@ def test_tensor_parallel_equals_one_rank(fixture):
     experts; the hyper-connections and the pooled indexer run whole on each."""
     root, engine = fixture
     tokens = prompts(root)["long"]
-    with trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=2, tp_world=2) as two:
+    with trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=2, tp_world=2, kv_dtype="f32") as two:
         within(worst(two.logits(tokens), engine.logits(tokens)), TOL, "glm5_next TP=2 vs TP=1")
         assert two.generate(tokens, max_tokens=8, stop_token_ids=[]) == engine.generate(tokens, max_tokens=8, stop_token_ids=[])
 
@@ -154,8 +154,8 @@ def test_two_processes_on_loopback_equal_two_threads_bit_for_bit(fixture):
     master = f"127.0.0.1:{free_port()}"
     worker = start_worker(directory, 1, master)
     try:
-        with trellisforge.Engine(directory, max_seqs=2, tp_world=2, tp_master=master) as over_tcp, \
-                trellisforge.Engine(directory, max_seqs=2, tp_world=2) as threads:
+        with trellisforge.Engine(directory, max_seqs=2, tp_world=2, tp_master=master, kv_dtype="f32") as over_tcp, \
+                trellisforge.Engine(directory, max_seqs=2, tp_world=2, kv_dtype="f32") as threads:
             for name in ("chat", "long"):
                 assert np.array_equal(over_tcp.logits(p[name]).view(np.uint32), threads.logits(p[name]).view(np.uint32)), name
             assert over_tcp.generate(p["chat"], 8, stop_token_ids=[]) == engine.generate(p["chat"], 8, stop_token_ids=[])
@@ -164,7 +164,7 @@ def test_two_processes_on_loopback_equal_two_threads_bit_for_bit(fixture):
         if worker.poll() is None:
             worker.kill()
     with pytest.raises(TrellisError, match="not been run tensor-parallel on GPUs"):
-        trellisforge.Engine(directory, backend="cuda", max_seqs=1, tp_world=2, tp_master=f"127.0.0.1:{free_port()}")
+        trellisforge.Engine(directory, backend="cuda", max_seqs=1, tp_world=2, tp_master=f"127.0.0.1:{free_port()}", kv_dtype="f32")
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "hf_modules"])
@@ -182,7 +182,7 @@ def test_variants_match_the_float64_reference(tmp_path, variant):
     for layer in model.indexer_scores:
         margins = model.selection_margins(layer)
         assert not np.any((margins > 0) & (margins < 1e-6)), f"layer {layer}: a pool selection within 1e-6 of flipping"
-    with trellisforge.Engine(model_dir, max_seqs=2, rows_max=16) as engine:
+    with trellisforge.Engine(model_dir, max_seqs=2, rows_max=16, kv_dtype="f32") as engine:
         within(worst(engine.logits(tokens), expected), TOL, f"glm5_next {variant}: worst of {len(tokens)} positions")
 
 
@@ -191,7 +191,7 @@ def test_fused_expert_tensors_get_a_clear_error(tmp_path):
     write them) are not read: the error names the expert tensor it looked for."""
     model_dir = write_variant(tmp_path / "hf_modules", "hf_modules", seed=3)
     with pytest.raises(TrellisError, match=r"missing tensor 'model\.layers\.1\.mlp\.experts\.0\.gate_proj"):
-        trellisforge.Engine(model_dir, max_seqs=1)
+        trellisforge.Engine(model_dir, max_seqs=1, kv_dtype="f32")
 
 
 def drop_tensor(name: str):
@@ -237,6 +237,6 @@ def test_checkpoints_that_lie_get_clear_errors(tmp_path, edit, fragments):
     model_dir = write_variant(tmp_path / "model", "base", seed=3)
     edit(model_dir)
     with pytest.raises(TrellisError) as caught:
-        trellisforge.Engine(model_dir, max_seqs=1)
+        trellisforge.Engine(model_dir, max_seqs=1, kv_dtype="f32")
     for fragment in fragments:
         assert fragment in str(caught.value), str(caught.value)

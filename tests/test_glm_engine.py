@@ -29,7 +29,7 @@ ROUTER_NEAR_TIE = 2e-3
 
 @pytest.fixture(scope="module", params=VARIANTS + ["hf"])
 def engine(request):
-    engine = trellisforge.Engine(checkpoint_dir(request.param), max_seqs=8)
+    engine = trellisforge.Engine(checkpoint_dir(request.param), max_seqs=8, kv_dtype="f32")
     yield request.param, engine
     stats = engine.stats()
     assert stats["pages_free"] == stats["pages_total"] and stats["sequences_live"] == 0
@@ -85,7 +85,7 @@ def float64_references():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_logits_match_the_float64_reference(variant, float64_references):
-    model = trellisforge.Engine(checkpoint_dir(variant), max_seqs=2)
+    model = trellisforge.Engine(checkpoint_dir(variant), max_seqs=2, kv_dtype="f32")
     for name, tokens in prompts().items():
         expected, _ = float64_references(variant)[name]
         ours = model.logits(tokens)
@@ -98,7 +98,7 @@ def test_logits_against_the_peer(variant, float64_references):
     """Per position within the peer's precision, except after a near-tie routing flip (fixture
     README): the first position off must have a top-k routing margin within the peer's fp16 router
     rounding, which attention then carries forward."""
-    model = trellisforge.Engine(checkpoint_dir(variant), max_seqs=2)
+    model = trellisforge.Engine(checkpoint_dir(variant), max_seqs=2, kv_dtype="f32")
     peer = safetensors_io.load(shared_peer_file(f"exl3_logits_{variant}bpw.safetensors"))
     top_k = model_config(variant)["num_experts_per_tok"]
     for name, tokens in prompts().items():
@@ -119,7 +119,7 @@ def test_logits_against_the_peer(variant, float64_references):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_against_the_peer_diverges_only_on_its_near_ties(variant):
     import json
-    model = trellisforge.Engine(checkpoint_dir(variant), max_seqs=2)
+    model = trellisforge.Engine(checkpoint_dir(variant), max_seqs=2, kv_dtype="f32")
     peer_tokens = json.loads(shared_peer_file(f"exl3_greedy_{variant}bpw.json").read_text())
     peer_logits = safetensors_io.load(shared_peer_file(f"exl3_greedy_logits_{variant}bpw.safetensors"))
     for name, tokens in prompts().items():

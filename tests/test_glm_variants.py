@@ -107,7 +107,7 @@ def test_config_variant_matches_float64_reference(tmp_path, variant):
     model_dir = write_model(tmp_path / variant, config, mtp_layer=variant == "qk_norm")
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, config["vocab_size"], 40)]
     expected, _ = glm_reference.Model(model_dir).forward(tokens)
-    ours = trellisforge.Engine(model_dir, max_seqs=2).logits(tokens)
+    ours = trellisforge.Engine(model_dir, max_seqs=2, kv_dtype="f32").logits(tokens)
     worst = max(relative_l2(ours[t], expected[t]) for t in range(len(tokens)))
     within(worst, TOL, f"{variant}: worst position vs float64 reference")
 
@@ -117,7 +117,7 @@ def test_exl3_model_of_each_codebook_matches_float64_reference(tmp_path, codeboo
     model_dir = write_model(tmp_path / codebook, dict(BASE), exl3_codebook=codebook, seed=3)
     tokens = [int(t) for t in np.random.default_rng(2).integers(0, BASE["vocab_size"], 24)]
     expected, _ = glm_reference.Model(model_dir).forward(tokens)
-    ours = trellisforge.Engine(model_dir, max_seqs=2).logits(tokens)
+    ours = trellisforge.Engine(model_dir, max_seqs=2, kv_dtype="f32").logits(tokens)
     worst = max(relative_l2(ours[t], expected[t]) for t in range(len(tokens)))
     within(worst, TOL, f"EXL3 {codebook} model: worst position vs float64 reference")
 
@@ -131,15 +131,15 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
     del broken["model.layers.1.mlp.experts.3.up_proj.weight"]
     safetensors_io.save(model_dir / "model.safetensors", broken, dtypes)
     with pytest.raises(TrellisError, match="model.layers.1.mlp.experts.3.up_proj"):
-        trellisforge.Engine(model_dir)
+        trellisforge.Engine(model_dir, kv_dtype="f32")
     extra = dict(tensors, **{"model.layers.1.mlp.stray.weight": np.zeros(4, dtype=np.float32)})
     safetensors_io.save(model_dir / "model.safetensors", extra, dtypes)
     with pytest.raises(TrellisError, match="unexpected tensor 'model.layers.1.mlp.stray.weight'"):
-        trellisforge.Engine(model_dir)
+        trellisforge.Engine(model_dir, kv_dtype="f32")
     no_bias = {k: v for k, v in tensors.items() if k != "model.layers.0.self_attn.k_proj.bias"}
     safetensors_io.save(model_dir / "model.safetensors", no_bias, dtypes)
     with pytest.raises(TrellisError, match="k_proj.bias"):
-        trellisforge.Engine(model_dir)
+        trellisforge.Engine(model_dir, kv_dtype="f32")
 
 
 def test_unsupported_settings_are_refused_by_name(tmp_path):
@@ -152,4 +152,4 @@ def test_unsupported_settings_are_refused_by_name(tmp_path):
     ]:
         model_dir = write_model(tmp_path / message.replace(" ", "_"), {**BASE, **edit})
         with pytest.raises(TrellisError, match=message):
-            trellisforge.Engine(model_dir)
+            trellisforge.Engine(model_dir, kv_dtype="f32")

@@ -53,7 +53,7 @@ def first_tie(model: glm_reference.Model) -> int | None:
 @pytest.fixture(scope="module", params=FAMILIES)
 def fixture(request):
     root = family_or_skip(request.param)
-    engine = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=4)
+    engine = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=4, kv_dtype="f32")
     yield request.param, root, engine
     engine.close()
 
@@ -99,7 +99,7 @@ def test_batch_invariance_and_chunk_boundaries_bit_for_bit(fixture):
     alone = engine.logits(prompts["long"])
     batched = engine.logits_batch([prompts["short"], prompts["long"], prompts["chat"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
-    chunked = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=2, rows_max=7, page_tokens=5).logits(prompts["long"])
+    chunked = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=2, rows_max=7, page_tokens=5, kv_dtype="f32").logits(prompts["long"])
     assert np.array_equal(alone.view(np.uint32), chunked.view(np.uint32))
 
 
@@ -119,7 +119,7 @@ def test_decode_rows_equal_prompt_rows(fixture):
 def test_tensor_parallel_equals_one_rank(fixture):
     _, root, engine = fixture
     tokens = json.loads((root / "prompts.json").read_text())["long"]
-    two = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=2, tp_world=2)
+    two = trellisforge.Engine(root / "exl3_3.0bpw", max_seqs=2, tp_world=2, kv_dtype="f32")
     within(worst(two.logits(tokens), engine.logits(tokens)), 1e-5, "TP=2 vs TP=1")
     assert two.generate(tokens, max_tokens=8) == engine.generate(tokens, max_tokens=8)
 
@@ -137,7 +137,7 @@ def test_variants_match_the_float64_reference(tmp_path, family, variant):
     reference = glm_reference.Model(model_dir)
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, reference.config["vocab_size"], 40)]
     expected, _ = reference.forward(tokens)
-    engine = trellisforge.Engine(model_dir, max_seqs=2, rows_max=16)
+    engine = trellisforge.Engine(model_dir, max_seqs=2, rows_max=16, kv_dtype="f32")
     within(worst(engine.logits(tokens), expected), TOL, f"{family} {variant}: worst of {len(tokens)} positions")
 
 
@@ -176,6 +176,6 @@ def set_config(**fields):
 ])
 def test_checkpoints_that_lie_get_clear_errors(tmp_path, edit, fragments):
     with pytest.raises(TrellisError) as caught:
-        trellisforge.Engine(broken(tmp_path, edit))
+        trellisforge.Engine(broken(tmp_path, edit), kv_dtype="f32")
     for fragment in fragments:
         assert fragment in str(caught.value), str(caught.value)

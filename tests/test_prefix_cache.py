@@ -63,10 +63,11 @@ def models(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["gqa", "mla", "dsa"])
 @pytest.mark.parametrize("sampling", [Sampling(max_tokens=6), Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=3)],
                          ids=["greedy", "sampled"])
-def test_cached_prefixes_change_no_bit(models, kind, sampling):
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "fp8"])
+def test_cached_prefixes_change_no_bit(models, kind, sampling, kv_dtype):
     prompts = requests()
-    plain = trellisforge.Engine(models[kind], max_seqs=4, page_tokens=PAGE)
-    cached = trellisforge.Engine(models[kind], max_seqs=4, page_tokens=PAGE, prefix_cache=True)
+    plain = trellisforge.Engine(models[kind], max_seqs=4, page_tokens=PAGE, kv_dtype=kv_dtype)
+    cached = trellisforge.Engine(models[kind], max_seqs=4, page_tokens=PAGE, prefix_cache=True, kv_dtype=kv_dtype)
     assert cached.stats()["prefix_cache"] == 1 and plain.stats()["prefix_cache"] == 0
     want = run(plain, prompts, sampling)
     got = run(cached, prompts, sampling)
@@ -89,8 +90,8 @@ def test_sequences_sharing_a_prefix_in_one_batch_and_a_cancel_mid_prompt(models)
     cancelled while its prompt is still being computed; the others equal an uncached engine's."""
     prompts = requests()
     sampling = Sampling(max_tokens=5)
-    plain = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, rows_max=6)
-    cached = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, rows_max=6, prefix_cache=True)
+    plain = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, rows_max=6, kv_dtype="f32")
+    cached = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, rows_max=6, prefix_cache=True, kv_dtype="f32")
     want = run(plain, prompts[:1], sampling) + run(plain, prompts[1:3], sampling, together=True)
     first = run(cached, prompts[:1], sampling)
     ids = [cached.add(p, sampling, stop_token_ids=[]) for p in prompts[1:4]]
@@ -115,8 +116,8 @@ def test_eviction_under_a_small_pool_keeps_the_answers(models):
     prompts = [[int(t) for t in rng.integers(3, 280, 4 * PAGE + 3)] for _ in range(3)] + [requests()[0]]
     prompts.append(list(prompts[0]))
     sampling = Sampling(max_tokens=4)
-    plain = trellisforge.Engine(models["mla"], max_seqs=2, page_tokens=PAGE, kv_pages=12, ctx=6 * PAGE)
-    cached = trellisforge.Engine(models["mla"], max_seqs=2, page_tokens=PAGE, kv_pages=12, ctx=6 * PAGE, prefix_cache=True)
+    plain = trellisforge.Engine(models["mla"], max_seqs=2, page_tokens=PAGE, kv_pages=12, ctx=6 * PAGE, kv_dtype="f32")
+    cached = trellisforge.Engine(models["mla"], max_seqs=2, page_tokens=PAGE, kv_pages=12, ctx=6 * PAGE, prefix_cache=True, kv_dtype="f32")
     want = run(plain, prompts, sampling)
     got = run(cached, prompts, sampling)
     assert [g[:2] for g in got] == [w[:2] for w in want]
@@ -130,8 +131,8 @@ def test_eviction_under_a_small_pool_keeps_the_answers(models):
 def test_in_process_tensor_parallel_with_the_cache_equals_it_without(models):
     prompts = requests()
     sampling = Sampling(max_tokens=4)
-    plain = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, tp_world=2)
-    cached = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, tp_world=2, prefix_cache=True)
+    plain = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, tp_world=2, kv_dtype="f32")
+    cached = trellisforge.Engine(models["gqa"], max_seqs=4, page_tokens=PAGE, tp_world=2, prefix_cache=True, kv_dtype="f32")
     want = run(plain, prompts, sampling)
     got = run(cached, prompts, sampling)
     assert [g[:2] for g in got] == [w[:2] for w in want]
@@ -142,7 +143,7 @@ def test_a_model_with_recurrent_state_is_not_cached(tmp_path):
     from glm5_next_models import prompt, write_variant as write_next
     import json
     directory = write_next(tmp_path / "next", "base")
-    engine = trellisforge.Engine(directory, max_seqs=2, page_tokens=PAGE, prefix_cache=True)
+    engine = trellisforge.Engine(directory, max_seqs=2, page_tokens=PAGE, prefix_cache=True, kv_dtype="f32")
     stats = engine.stats()
     assert stats["prefix_cache"] == 0 and stats["state_bytes_per_sequence"] > 0
     tokens = prompt(json.loads((directory / "config.json").read_text()))

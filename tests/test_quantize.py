@@ -72,10 +72,10 @@ def test_quantized_model_runs_in_the_engine(tmp_path):
     checkpoint = trellisforge.Checkpoint(target)
     assert checkpoint.exl3_info("model.layers.0.self_attn.q_proj").has_bias
     tokens = [int(t) for t in np.random.default_rng(3).integers(0, 128, 24)]
-    ours = trellisforge.Engine(target, max_seqs=2).logits(tokens)
+    ours = trellisforge.Engine(target, max_seqs=2, kv_dtype="f32").logits(tokens)
     exact, _ = glm_reference.Model(target).forward(tokens)
     within(max(relative_l2(ours[t], exact[t]) for t in range(24)), 1e-4, "quantized model vs float64 reference of its files")
-    unquantized = trellisforge.Engine(source, max_seqs=2).logits(tokens)
+    unquantized = trellisforge.Engine(source, max_seqs=2, kv_dtype="f32").logits(tokens)
     within(relative_l2(ours, unquantized), 0.25, "quantized vs unquantized logits (4-bit)")
 
 
@@ -83,7 +83,7 @@ def test_synthesized_checkpoint_loads_and_steps(tmp_path):
     target = synthesize.synthesize("tiny", tmp_path / "tiny", shard_bytes=1 << 20, progress=False)
     index = json.loads((target / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # sharded
-    engine = trellisforge.Engine(target, max_seqs=2)
+    engine = trellisforge.Engine(target, max_seqs=2, kv_dtype="f32")
     sequence = engine.add([1, 2, 3], trellisforge.Sampling(max_tokens=2), stop_token_ids=[])
     events = engine.step()
     assert [e.sequence_id for e in events] == [sequence] and 0 <= events[0].token < 1024

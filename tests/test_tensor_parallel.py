@@ -16,8 +16,8 @@ TOL = 1e-4  # the ranks sum partial outputs in another order than one rank does:
 
 
 def compare(directory, token_lists, world=2, greedy_tokens=16):
-    single = trellisforge.Engine(directory, max_seqs=4)
-    sharded = trellisforge.Engine(directory, max_seqs=4, tp_world=world)
+    single = trellisforge.Engine(directory, max_seqs=4, kv_dtype="f32")
+    sharded = trellisforge.Engine(directory, max_seqs=4, tp_world=world, kv_dtype="f32")
     for name, tokens in token_lists.items():
         a, b = single.logits(tokens), sharded.logits(tokens)
         within(max(relative_l2(b[t], a[t]) for t in range(len(tokens))), TOL, f"TP={world} vs TP=1, {name}")
@@ -49,7 +49,7 @@ def test_four_ranks(tmp_path):
 
 def test_batch_invariance_holds_at_tp2():
     p = prompts()
-    engine = trellisforge.Engine(checkpoint_dir("3.0"), max_seqs=4, tp_world=2)
+    engine = trellisforge.Engine(checkpoint_dir("3.0"), max_seqs=4, tp_world=2, kv_dtype="f32")
     alone = engine.logits(p["short"])
     batched = engine.logits_batch([p["long"], p["short"]])[1]
     assert np.array_equal(alone.view(np.uint32), batched.view(np.uint32))
@@ -58,10 +58,10 @@ def test_batch_invariance_holds_at_tp2():
 def test_splits_that_cannot_be_made_are_refused(tmp_path):
     model = write_model(tmp_path / "odd", dict(BASE, num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(TrellisError, match="divide evenly"):
-        trellisforge.Engine(model, tp_world=4)
+        trellisforge.Engine(model, tp_world=4, kv_dtype="f32")
     exl3 = write_model(tmp_path / "cut", dict(BASE), exl3_codebook="mul1")  # 64-dim heads: a KV head is half a block
     with pytest.raises(TrellisError, match="would cut a 128-channel EXL3 block"):
-        trellisforge.Engine(exl3, tp_world=2)
+        trellisforge.Engine(exl3, tp_world=2, kv_dtype="f32")
 
 
 WORKER = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
@@ -85,9 +85,9 @@ def test_two_processes_on_loopback_equal_two_threads_bit_for_bit():
     master = f"127.0.0.1:{free_port()}"
     worker = start_worker(directory, 1, master)
     try:
-        engine = trellisforge.Engine(directory, max_seqs=4, tp_world=2, tp_master=master)
-        threads = trellisforge.Engine(directory, max_seqs=4, tp_world=2)
-        single = trellisforge.Engine(directory, max_seqs=4)
+        engine = trellisforge.Engine(directory, max_seqs=4, tp_world=2, tp_master=master, kv_dtype="f32")
+        threads = trellisforge.Engine(directory, max_seqs=4, tp_world=2, kv_dtype="f32")
+        single = trellisforge.Engine(directory, max_seqs=4, kv_dtype="f32")
         for name, tokens in prompts().items():
             over_tcp, in_process, reference = engine.logits(tokens), threads.logits(tokens), single.logits(tokens)
             assert np.array_equal(over_tcp.view(np.uint32), in_process.view(np.uint32)), name
@@ -105,7 +105,7 @@ def test_a_dead_worker_fails_the_step_with_a_message():
     directory = checkpoint_dir("3.0")
     master = f"127.0.0.1:{free_port()}"
     worker = start_worker(directory, 1, master)
-    engine = trellisforge.Engine(directory, max_seqs=4, tp_world=2, tp_master=master)
+    engine = trellisforge.Engine(directory, max_seqs=4, tp_world=2, tp_master=master, kv_dtype="f32")
     tokens = prompts()["short"]
     assert len(engine.logits(tokens)) == len(tokens)
     worker.kill()

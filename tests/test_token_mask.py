@@ -18,7 +18,7 @@ CUDA, WHY_NOT = trellisforge.cuda_available()
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason=f"no usable GPU: {WHY_NOT}"))])
 def engine(request):
-    with trellisforge.Engine(checkpoint_dir("3.0"), max_seqs=4, backend=request.param) as e:
+    with trellisforge.Engine(checkpoint_dir("3.0"), max_seqs=4, backend=request.param, kv_dtype="f32") as e:
         yield e
 
 

@@ -42,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="compute every prompt in full (by default a prompt's full KV pages that an earlier prompt"
                              " already computed are reused: the same numbers, less time to the first token)")
+    parser.add_argument("--kv-dtype", choices=["f16", "f32", "fp8"], default="f16",
+                        help="what the KV cache stores: f16 (default), f32 (the exact reference's numbers, twice the"
+                             " memory) or fp8 (e4m3, GPUs of sm_89 and later; a quarter of f32's memory, less exact)")
     parser.add_argument("--keep-serving", action="store_true",
                         help="when the model fails to load, keep serving /health (503 with the cause) instead of exiting 1")
     return parser.parse_args(argv)
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
                           backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max,
                           tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None,
-                          max_body_mb=args.max_body_mb, prefix_cache=not args.no_prefix_cache)
+                          max_body_mb=args.max_body_mb, prefix_cache=not args.no_prefix_cache, kv_dtype=args.kv_dtype)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
     app = create_app(config)

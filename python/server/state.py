@@ -34,6 +34,7 @@ class ServerConfig:
     tp_master: str | None = None
     max_body_mb: float = 8.0
     prefix_cache: bool = True
+    kv_dtype: str = "f16"
 
 
 class State:
@@ -56,7 +57,8 @@ class State:
         try:
             self.tokenizer = Tokenizer(c.model_dir)
             self.engine = trellisforge.Engine(c.model_dir, backend=c.backend, max_seqs=c.max_seqs, ctx=c.ctx, rows_max=c.rows_max,
-                                              tp_world=c.tp_world, tp_master=c.tp_master, prefix_cache=c.prefix_cache)
+                                              tp_world=c.tp_world, tp_master=c.tp_master, prefix_cache=c.prefix_cache,
+                                              kv_dtype=c.kv_dtype)
             if c.prefix_cache and not self.engine.stats()["prefix_cache"]:
                 log.info("prefix caching is off for this model: its layers keep recurrent state, which cached pages do not carry")
             self.grammars = Grammars(self.tokenizer.json_text, self.engine.vocab_size, self.engine.eos_token_ids,

@@ -12,7 +12,7 @@ other; the "prefix" row is the second one's time to first token, beside the firs
 worker processes on loopback (rank r on GPU r with cuda).
 
 Beside each decode row: the megabytes a step must read (roofline.py: weights as stored, the
-routed experts the step's rows are expected to pick, the f32 KV cache at the row's mean context)
+routed experts the step's rows are expected to pick, the KV cache in --kv-dtype at the row's mean context)
 and, given --bandwidth-gbs (tf-bench's measured copy bandwidth, per GPU), the tokens per second
 that bandwidth allows and the measured share of it."""
 from __future__ import annotations
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=0.0, help="memory bandwidth per GPU (tf-bench's copy GB/s) for the roofline")
     parser.add_argument("--shared-prefix", type=int, default=0,
                         help="with the prefix cache on: the time to first token of a prompt sharing N tokens with the one before")
+    parser.add_argument("--kv-dtype", default="f16", choices=["f32", "f16", "fp8"], help="what the KV cache stores")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = time.perf_counter()
     if args.synthetic:
         engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx,
-                                  prefix_cache=args.shared_prefix > 0)
+                                  prefix_cache=args.shared_prefix > 0, kv_dtype=args.kv_dtype)
     elif args.tp > 1:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -64,10 +65,10 @@ def main(argv: list[str] | None = None) -> None:
         code = "import sys, trellisforge; trellisforge.run_tp_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
         workers = [subprocess.Popen([sys.executable, "-c", code, args.model_dir, str(rank), master]) for rank in range(1, args.tp)]
         engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, tp_world=args.tp, tp_master=master, rows_max=args.rows_max, ctx=args.ctx,
-                        prefix_cache=args.shared_prefix > 0)
+                        prefix_cache=args.shared_prefix > 0, kv_dtype=args.kv_dtype)
     else:
         engine = Engine(args.model_dir, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx,
-                        prefix_cache=args.shared_prefix > 0)
+                        prefix_cache=args.shared_prefix > 0, kv_dtype=args.kv_dtype)
     load_seconds = time.perf_counter() - load_start
     if args.synthetic:
         from .synthesize import shape_config
@@ -120,12 +121,12 @@ def main(argv: list[str] | None = None) -> None:
         while engine.stats()["sequences_live"]:
             engine.step()
         rows.append(("decode", streams, produced, elapsed, produced / elapsed, f"{sampling}, context {args.decode_context}"))
-        step = roofline.step_bytes(modules, config, streams, args.decode_context + args.decode_tokens // 2)
+        step = roofline.step_bytes(modules, config, streams, args.decode_context + args.decode_tokens // 2, args.kv_dtype)
         roofs.append((step, streams * args.bandwidth_gbs * 1e9 * max(args.tp, 1) / step if args.bandwidth_gbs else 0.0))
     engine.close()
     for worker in workers:
         worker.wait(timeout=60)
-    print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, tp {args.tp}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
+    print(f"model {args.model_dir or args.synthetic + f' (synthetic, {args.bits} bits)'}, library {library_path()}, backend {args.backend}, kv {args.kv_dtype}, tp {args.tp}, threads {os.environ.get('TF_THREADS', os.cpu_count())}")
     print(f"engine ready in {load_seconds:.1f} s")
     if not args.bandwidth_gbs:
         print("roofline: pass --bandwidth-gbs (tf-bench's copy bandwidth) for the tokens/s a step's reads allow")

@@ -18,6 +18,8 @@ from ._ffi import check, ffi, lib
 
 FINISH_REASONS = {0: None, 1: "stop", 2: "length", 3: "cancelled"}
 BACKENDS = {"cpu": 0, "cuda": 1}
+KV_DTYPES = {"f32": 1, "f16": 2, "fp8": 3}
+KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +68,15 @@ class TokenEvent:
 class Engine:
     def __init__(self, model_dir: str | os.PathLike, backend: str = "cpu", max_seqs: int = 16,
                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, tp_world: int = 1,
-                 tp_master: str | None = None, prefix_cache: bool = False):
+                 tp_master: str | None = None, prefix_cache: bool = False, kv_dtype: str = "f16"):
         """tp_world > 1 without tp_master: the ranks are threads of this process (cpu). With
         tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
         workers (`run_tp_worker`). prefix_cache: a prompt maps the KV pages of an earlier prompt's
         identical full pages instead of computing them (not for models with recurrent state;
-        stats()["prefix_cache"] says whether it runs)."""
-        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world, prefix_cache)
+        stats()["prefix_cache"] says whether it runs). kv_dtype: what the KV cache stores, "f16"
+        (the default), "f32" (the exact reference's numbers) or "fp8" (e4m3, GPUs of sm_89 and
+        later; the cpu emulates it)."""
+        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world, prefix_cache, kv_dtype)
         self.model_dir = pathlib.Path(model_dir)
         handle = ffi.new("tf_engine **")
         if tp_master:
@@ -84,14 +88,15 @@ class Engine:
 
     @classmethod
     def synthetic(cls, config: dict | str, bits: int = 3, seed: int = 0, backend: str = "cpu", max_seqs: int = 16,
-                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, prefix_cache: bool = False) -> "Engine":
+                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, prefix_cache: bool = False,
+                  kv_dtype: str = "f16") -> "Engine":
         """An engine over random EXL3 weights made in memory: `config` is a config.json dict or a
         shape name of `synthesize` ("glm-4.5-air", "tiny-4l", ...). For full-size benchmarks with no
         checkpoint on disk; the same seed gives the same weights, so the same logits."""
         if isinstance(config, str):
             from .synthesize import shape_config
             config = shape_config(config)
-        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, 1, prefix_cache)
+        params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, 1, prefix_cache, kv_dtype)
         text = json.dumps(config).encode()
         handle = ffi.new("tf_engine **")
         check(lib.tf_engine_create_synthetic(text, len(text), params, bits, seed & 0xFFFFFFFFFFFFFFFF, handle))
@@ -182,7 +187,8 @@ class Engine:
             "pages_total", "pages_free", "pages_reserved", "sequences_live", "sequences_waiting",
             "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
             "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs", "state_bytes_per_sequence",
-            "state_bytes_total", "prefix_cache", "pages_cached", "prefix_hit_tokens", "prefix_miss_tokens")}
+            "state_bytes_total", "prefix_cache", "pages_cached", "prefix_hit_tokens", "prefix_miss_tokens",
+            "kv_bytes_per_token")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype]}
 
     # ---- high level ----
 
@@ -245,9 +251,11 @@ def run_tp_worker(model_dir: str | os.PathLike, rank: int, master: str) -> None:
 
 
 def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: int, rows_max: int, tp_world: int,
-            prefix_cache: bool = False):
+            prefix_cache: bool = False, kv_dtype: str = "f16"):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, not {backend!r}")
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}, not {kv_dtype!r}")
     params = ffi.new("tf_engine_params *")
     params.backend = BACKENDS[backend]
     params.sequences_max = max_seqs
@@ -257,6 +265,7 @@ def _params(backend: str, max_seqs: int, kv_pages: int, page_tokens: int, ctx: i
     params.rows_max = rows_max
     params.tp_world = tp_world
     params.prefix_cache = int(prefix_cache)
+    params.kv_dtype = KV_DTYPES[kv_dtype]
     return params
 
 

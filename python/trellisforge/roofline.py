@@ -137,9 +137,16 @@ def expected_experts(experts: int, per_token: int, rows: int) -> float:
     return experts * (1.0 - (1.0 - per_token / experts) ** rows)
 
 
-def kv_bytes(config: dict, context: int, full_indexer: list[bool]) -> int:
-    """The f32 cache one row's attention reads at `context` positions, every layer."""
+# Bytes a cached value takes per KV dtype (the engine's kv_dtype: GQA keys/values and MLA latents;
+# the DSA indexer's keys and the KDA state stay f32), and fp8's exponent per position and head.
+KV_VALUE_BYTES = {"f32": 4, "f16": 2, "fp8": 1}
+
+
+def kv_bytes(config: dict, context: int, full_indexer: list[bool], kv_dtype: str = "f32") -> int:
+    """The cache one row's attention reads at `context` positions, every layer."""
     c = config
+    value = KV_VALUE_BYTES[kv_dtype]
+    scale = 1 if kv_dtype == "fp8" else 0
     total = 0
     next_class = c.get("model_type") == "glm5_next"
     for i in range(c["num_hidden_layers"]):
@@ -147,20 +154,21 @@ def kv_bytes(config: dict, context: int, full_indexer: list[bool]) -> int:
             total += 2 * 4 * c["linear_num_heads"] * c["linear_head_dim"] ** 2  # the state, read and written
         elif next_class:
             attended = min(context, c["index_topk"] + c["index_kpool"] - 1)
-            total += 4 * attended * (c["kv_lora_rank"] + 64)
+            total += attended * (value * (c["kv_lora_rank"] + 64) + scale)
             if full_indexer[i]:
                 total += 4 * context * 2 * c["index_head_dim"]
         elif "kv_lora_rank" in c:
             attended = min(context, c["index_topk"]) if "index_topk" in c else context
-            total += 4 * attended * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+            total += attended * (value * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) + scale)
             if full_indexer[i]:
                 total += 4 * context * c["index_head_dim"]
         else:
-            total += 4 * context * 2 * c["num_key_value_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+            head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+            total += context * 2 * c["num_key_value_heads"] * (value * head_dim + scale)
     return total
 
 
-def step_bytes(modules: dict[str, int], config: dict, rows: int, context: int) -> float:
+def step_bytes(modules: dict[str, int], config: dict, rows: int, context: int, kv_dtype: str = "f32") -> float:
     """Bytes one decode step of `rows` rows at `context` positions each must read."""
     layers = config["num_hidden_layers"]
     total = 0.0
@@ -181,4 +189,4 @@ def step_bytes(modules: dict[str, int], config: dict, rows: int, context: int) -
         total += expected_experts(len(per_layer), config["num_experts_per_tok"], rows) * sum(per_layer.values()) / len(per_layer)
     full_indexer = [any(re.match(rf"model\.(?:language_model\.)?layers\.{i}\.self_attn\.indexer\.", name) for name in modules)
                     for i in range(layers)]
-    return total + rows * kv_bytes(config, context, full_indexer)
+    return total + rows * kv_bytes(config, context, full_indexer, kv_dtype)

@@ -74,6 +74,7 @@ fn append(b: *std.Build, list: *std.ArrayList(u8), comptime fmt: []const u8, arg
 
 const headers = [_][]const u8{
     "attention_decode.cuh",
+    "attention_heads.cuh",
     "attention_prompt.cuh",
     "dense_linear.cuh",
     "exl3_codebook.cuh",
@@ -82,6 +83,7 @@ const headers = [_][]const u8{
     "exl3_prompt.cuh",
     "exl3_tile_decode.cuh",
     "exl3_trellis.cuh",
+    "kv_store.cuh",
     "logits_summary.cuh",
     "mma.cuh",
     "moe_route.cuh",

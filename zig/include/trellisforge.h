@@ -131,6 +131,10 @@ typedef struct {
     uint32_t prefix_cache;       /* 1: a prompt maps the KV pages of an earlier prompt's identical full
                                     pages instead of computing them (not for models with recurrent
                                     state: stats say whether it runs) */
+    uint32_t kv_dtype;           /* what the KV cache stores: 0 = f16 (the default), 1 = f32 (exact),
+                                    2 = f16, 3 = fp8 e4m3 with a power-of-two scale per page and head
+                                    (GPUs of sm_89 and later; the cpu emulates it). The DSA indexer's
+                                    keys and the KDA state stay f32. */
 } tf_engine_params;
 
 typedef struct {
@@ -183,6 +187,9 @@ typedef struct {
     uint32_t pages_cached;       /* pages the prefix cache holds (the unreferenced ones count as free) */
     uint64_t prefix_hit_tokens;  /* prompt tokens served from the prefix cache */
     uint64_t prefix_miss_tokens; /* prompt tokens computed while prefix caching runs */
+    uint32_t kv_dtype;           /* what the cache stores (1 f32, 2 f16, 3 fp8) */
+    uint32_t kv_reserved;
+    uint64_t kv_bytes_per_token; /* cache bytes one position takes across every layer and part */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

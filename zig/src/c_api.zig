@@ -387,10 +387,10 @@ const Engine = tf.engine.Engine;
 const engine_mod = tf.engine.engine;
 
 comptime {
-    std.debug.assert(@sizeOf(engine_mod.Params) == 32);
+    std.debug.assert(@sizeOf(engine_mod.Params) == 36);
     std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 56);
     std.debug.assert(@sizeOf(engine_mod.Record) == 192);
-    std.debug.assert(@sizeOf(engine_mod.Stats) == 112);
+    std.debug.assert(@sizeOf(engine_mod.Stats) == 128);
 }
 
 const EngineHandle = struct {

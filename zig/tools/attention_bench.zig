@@ -1,5 +1,7 @@
-//! tf-bench's attention table: tf_attention on one GLM-4.5-Air-shaped layer (96 query heads, 8 KV
-//! heads, head_dim 128, f32 K and V in 16-token pages) as the engine launches it.
+//! tf-bench's attention table: the attention of one GLM-4.5-Air-shaped layer (96 query heads, 8 KV
+//! heads, head_dim 128, K and V in 16-token pages) as the engine launches it, for each cache dtype
+//! (f32: tf_attention, a warp per query head; f16 and fp8: tf_attention_heads_*, the group's heads
+//! as the m of tensor-core products).
 //!   - decode: M = 1 and 4 rows, each its own sequence of `context` tokens, a block per (row, KV
 //!     head) ("whole") and a block per (row, KV head, split) then the fold ("spread", what the
 //!     engine runs for steps of up to 32 rows); the KV bytes every row reads, per second, against
@@ -9,7 +11,8 @@
 //!     16 rows and 4 query heads, what the engine runs for prompt rows). Its cost grows with the
 //!     square of the context. "KV MB read" counts what one row per block would read (mostly from
 //!     L2), so its rate may pass the copy bandwidth; the tiles read a twelfth of it.
-//! The median of 3 timings of `repeats` launches each.
+//! The median of 3 timings of `repeats` launches each. "KV MB read" counts the stored bytes (fp8:
+//! with its exponent per position and head).
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -38,6 +41,13 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
     defer gpu.free(b.cache_v);
     try gpu.zero(b.cache_k, cache_bytes, diag);
     try gpu.zero(b.cache_v, cache_bytes, diag);
+    const exponent_bytes = cache_bytes / 4 / head_dim;
+    b.exp_k = try gpu.alloc(exponent_bytes, diag);
+    defer gpu.free(b.exp_k);
+    b.exp_v = try gpu.alloc(exponent_bytes, diag);
+    defer gpu.free(b.exp_v);
+    try gpu.zero(b.exp_k, exponent_bytes, diag);
+    try gpu.zero(b.exp_v, exponent_bytes, diag);
     const q_bytes = prefill_rows * heads * head_dim * 4;
     b.q = try gpu.alloc(q_bytes, diag);
     defer gpu.free(b.q);
@@ -66,17 +76,19 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
     for (table, 0..) |*page, i| page.* = @intCast(i);
     try gpu.upload(b.tables, std.mem.sliceAsBytes(table), diag);
 
-    say("\nattention of one GLM-4.5-Air layer ({d} query heads, {d} KV heads, head_dim {d}, f32 KV)\n", .{ heads, kv_heads, head_dim });
-    say("{s:<8} {s:<7} {s:>6} {s:>8} {s:>10} {s:>10} {s:>9} {s:>8}\n", .{ "phase", "mode", "M", "context", "us/layer", "KV MB read", "GB/s", "% copy" });
+    say("\nattention of one GLM-4.5-Air layer ({d} query heads, {d} KV heads, head_dim {d})\n", .{ heads, kv_heads, head_dim });
+    say("{s:<8} {s:<7} {s:<4} {s:>6} {s:>8} {s:>10} {s:>10} {s:>9} {s:>8}\n", .{ "phase", "mode", "KV", "M", "context", "us/layer", "KV MB read", "GB/s", "% copy" });
+    const dtypes = [_]tf.core.KvDtype{ .f32, .f16, .fp8 };
     for (contexts, 0..) |context, i| {
         if (quick and i > 0) break;
         for ([_]usize{ 1, decode_rows_max }) |rows| {
-            for ([_]Mode{ .whole, .spread }) |mode| try b.time(gpa, gpu, module, .decode, rows, context, mode, copy_gbs, diag);
+            for (dtypes) |dtype| for ([_]Mode{ .whole, .spread }) |mode| try b.time(gpa, gpu, module, .decode, rows, context, mode, dtype, copy_gbs, diag);
         }
     }
     for (contexts, 0..) |context, i| {
         if (quick and i > 0) break;
-        for ([_]Mode{ .whole, .tiles }) |mode| try b.time(gpa, gpu, module, .prefill, prefill_rows, context, mode, copy_gbs, diag);
+        try b.time(gpa, gpu, module, .prefill, prefill_rows, context, .whole, .f32, copy_gbs, diag);
+        for (dtypes) |dtype| try b.time(gpa, gpu, module, .prefill, prefill_rows, context, .tiles, dtype, copy_gbs, diag);
     }
 }
 
@@ -85,6 +97,8 @@ const Mode = enum { whole, spread, tiles };
 const Buffers = struct {
     cache_k: Ptr,
     cache_v: Ptr,
+    exp_k: Ptr,
+    exp_v: Ptr,
     q: Ptr,
     out: Ptr,
     parts: K.Kernels.AttentionParts,
@@ -94,7 +108,7 @@ const Buffers = struct {
     tiles: Ptr,
     tile_count: usize,
 
-    fn time(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, phase: enum { decode, prefill }, rows: usize, context: usize, mode: Mode, copy_gbs: f64, diag: *Diagnostic) !void {
+    fn time(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, phase: enum { decode, prefill }, rows: usize, context: usize, mode: Mode, dtype: tf.core.KvDtype, copy_gbs: f64, diag: *Diagnostic) !void {
         const positions = try gpa.alloc(u32, rows);
         defer gpa.free(positions);
         const offsets = try gpa.alloc(u32, rows);
@@ -112,6 +126,9 @@ const Buffers = struct {
         const kv: K.Kernels.PagedKv = .{
             .cache_k = b.cache_k,
             .cache_v = b.cache_v,
+            .exp_k = b.exp_k,
+            .exp_v = b.exp_v,
+            .dtype = dtype,
             .positions = b.positions,
             .tables = b.tables,
             .table_offsets = b.table_offsets,
@@ -135,9 +152,10 @@ const Buffers = struct {
             t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / @as(f64, @floatFromInt(repeats));
         }
         std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-        const mb = @as(f64, @floatFromInt(tokens_read * kv_heads * head_dim * 2 * 4)) / 1e6;
+        const row_bytes = head_dim * dtype.bytes() + @as(usize, if (dtype == .fp8) 1 else 0);
+        const mb = @as(f64, @floatFromInt(tokens_read * kv_heads * row_bytes * 2)) / 1e6;
         const gbs = mb * 1e6 / (times[1] * 1e-6) / 1e9;
-        say("{s:<8} {s:<7} {d:>6} {d:>8} {d:>10.1} {d:>10.1} {d:>9.0} {d:>7.1}%\n", .{ @tagName(phase), @tagName(mode), rows, context, times[1], mb, gbs, 100 * gbs / copy_gbs });
+        say("{s:<8} {s:<7} {s:<4} {d:>6} {d:>8} {d:>10.1} {d:>10.1} {d:>9.0} {d:>7.1}%\n", .{ @tagName(phase), @tagName(mode), dtype.name(), rows, context, times[1], mb, gbs, 100 * gbs / copy_gbs });
     }
 
     fn launch(b: *const Buffers, k: K.Kernels, kv: K.Kernels.PagedKv, mode: Mode) !void {

@@ -6,14 +6,15 @@
 // ---- attention ----
 
 // Per-head RMSNorm (optional), partial rotate-half RoPE on the first rotary_dim dims (GLM.md §3.4),
-// then keys and values into the paged cache. A warp per (row, head), 8 per block.
+// then keys and values into the paged cache in its dtype (kv_store.cuh; exp_k/exp_v: fp8's
+// exponents). A warp per (row, head), 8 per block.
 extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                             const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                             const float* __restrict__ cos_sin, const uint32_t* __restrict__ positions,
                                             const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
-                                            float* __restrict__ cache_k, float* __restrict__ cache_v,
-                                            int rows, int heads, int kv_heads, int head_dim, int rotary_dim, float eps,
-                                            int layers, int layer, int page_tokens) {
+                                            void* __restrict__ cache_k, void* __restrict__ cache_v, int8_t* __restrict__ exp_k,
+                                            int8_t* __restrict__ exp_v, int kv_dtype, int rows, int heads, int kv_heads, int head_dim,
+                                            int rotary_dim, float eps, int layers, int layer, int page_tokens) {
     const int row = blockIdx.x;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
@@ -45,10 +46,8 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
             const uint32_t page = tables[table_offsets[row] + position / page_tokens];
             const size_t at = (((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + position % page_tokens) * head_dim;
             const float* value = v + (static_cast<size_t>(row) * kv_heads + kv) * head_dim;
-            for (int i = lane; i < head_dim; i += kWarp) {
-                cache_k[at + i] = head[i];
-                cache_v[at + i] = value[i];
-            }
+            tf::kv_store_warp(cache_k, exp_k, kv_dtype, at, head, head_dim, lane);
+            tf::kv_store_warp(cache_v, exp_v, kv_dtype, at, value, head_dim, lane);
         }
     }
 }

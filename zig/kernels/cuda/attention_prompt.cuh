@@ -15,6 +15,7 @@
 #pragma once
 #include <math.h>
 
+#include "kv_store.cuh"
 #include "mma.cuh"
 
 namespace tf {
@@ -35,18 +36,26 @@ static_assert(kPromptAttentionSharedBytes == 67584, "the launch's size: prompt_a
 // tiles: [0] = the tile count, then (first row, rows) per tile; a tile's rows are one sequence's,
 // at consecutive positions (its last row's page table covers them all).
 // Grid: (tiles or more, kv_heads x head chunks); block: 32 x min(group, 4) threads.
-extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
-    const float* __restrict__ q, const float* __restrict__ cache_k, const float* __restrict__ cache_v,
-    const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
-    const int* __restrict__ tiles, float* __restrict__ out, int heads, int kv_heads, int layers, int layer, int page_tokens) {
+// kDtype: the cache's stored dtype (kv_store.cuh). An f16 or fp8 value is exact in f16, so its
+// high plane holds it and its low plane stays zero.
+template <int kDtype>
+__device__ __forceinline__ void attention_prompt(
+    const float* __restrict__ q, const void* __restrict__ cache_k, const void* __restrict__ cache_v, const int8_t* __restrict__ exp_k,
+    const int8_t* __restrict__ exp_v, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
+    const uint32_t* __restrict__ table_offsets, const int* __restrict__ tiles, float* __restrict__ out, int heads, int kv_heads, int layers,
+    int layer, int page_tokens) {
     using namespace tf;
     constexpr int D = kPromptAttentionDim;
     constexpr int kSteps = D / 16;
     constexpr int kDimTiles = D / 8;
+    constexpr int kRowBytes = D * (kDtype == kKvF32 ? 4 : kDtype == kKvF16 ? 2 : 1);
+    constexpr int kPieces = kRowBytes / 16;
     extern __shared__ __align__(16) unsigned char prompt_attention_shared[];
     auto ks = reinterpret_cast<half(*)[kPromptKvTile][kPromptKvPitch]>(prompt_attention_shared);  // [high/low][position][dim]
     auto vs = ks + 2;
-    float* raw = reinterpret_cast<float*>(prompt_attention_shared + kPromptPlanesBytes);  // [K/V][position][dim]
+    unsigned char* raw = prompt_attention_shared + kPromptPlanesBytes;  // [K/V][position][kRowBytes], as cached
+    // fp8: the staged positions' exponents ([K/V][position]), after the codes (which take a quarter of raw).
+    int8_t* exps = reinterpret_cast<int8_t*>(raw + 2 * kPromptKvTile * kRowBytes);
     if (static_cast<int>(blockIdx.x) >= tiles[0]) return;
     const int first = tiles[1 + 2 * blockIdx.x];
     const int count = tiles[2 + 2 * blockIdx.x];
@@ -68,6 +77,11 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
     const int pos_b = static_cast<int>(positions[row_b]);
     const int last = static_cast<int>(positions[first + count - 1]);
     const uint32_t* table = tables + table_offsets[first + count - 1];
+    if constexpr (kDtype != kKvF32)
+        for (int i = threadIdx.x; i < kPromptKvTile * kPromptKvPitch / 2; i += blockDim.x) {
+            reinterpret_cast<uint32_t*>(&ks[1][0][0])[i] = 0u;
+            reinterpret_cast<uint32_t*>(&vs[1][0][0])[i] = 0u;
+        }
 
     // Q·(1/sqrt(d)) as A fragments: register r of step k holds (row g or g + 8, dims 16k + 2t
     // (+8 for r >= 2)).
@@ -91,39 +105,72 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
         for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
     float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
 
-    // Positions t0 .. t0 + 31 into `raw`, one 16-byte copy each of K and V per task; positions
-    // past the tile's last row read as zeros.
+    // Positions t0 .. t0 + 31 into `raw`, 16-byte copies of K and V rows; positions past the
+    // tile's last row read as zeros.
+    const auto element = [&](int p) {
+        return ((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens;
+    };
     const auto issue = [&](int t0) {
 #pragma unroll 1
-        for (int task = threadIdx.x; task < kPromptKvTile * (D / 4); task += blockDim.x) {
-            const int j = task / (D / 4);
-            const int d = 4 * (task % (D / 4));
+        for (int task = threadIdx.x; task < kPromptKvTile * kPieces; task += blockDim.x) {
+            const int j = task / kPieces;
+            const int piece = task % kPieces;
             const int p = t0 + j;
             const bool valid = p <= last;
-            const size_t at = valid ? (((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens) * D + d : 0;
-            copy16_async(raw + j * D + d, cache_k + at, valid);
-            copy16_async(raw + (kPromptKvTile + j) * D + d, cache_v + at, valid);
+            const size_t at = valid ? element(p) * kRowBytes + 16 * piece : 0;
+            copy16_async(raw + j * kRowBytes + 16 * piece, static_cast<const unsigned char*>(cache_k) + at, valid);
+            copy16_async(raw + (kPromptKvTile + j) * kRowBytes + 16 * piece, static_cast<const unsigned char*>(cache_v) + at, valid);
         }
-        asm volatile("cp.async.commit_group;\n" ::);
+        if constexpr (kDtype == kKvFp8) {
+            for (int task = threadIdx.x; task < 2 * kPromptKvTile; task += blockDim.x) {
+                const int p = t0 + task % kPromptKvTile;
+                exps[task] = p <= last ? (task < kPromptKvTile ? exp_k : exp_v)[element(p)] : 0;
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
     };
     issue(0);
     for (int t0 = 0; t0 <= last; t0 += kPromptKvTile) {
-        asm volatile("cp.async.wait_group 0;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();  // `raw` has landed, and the planes' previous positions are consumed
-        for (int task = threadIdx.x; task < kPromptKvTile * (D / 4); task += blockDim.x) {
-            const int j = task / (D / 4);
-            const int d = 4 * (task % (D / 4));
-            const float4 kf = *reinterpret_cast<const float4*>(raw + j * D + d);
-            const float4 vf = *reinterpret_cast<const float4*>(raw + (kPromptKvTile + j) * D + d);
-            uint2 hi, lo;
-            split_pair(kf.x, kf.y, hi.x, lo.x);
-            split_pair(kf.z, kf.w, hi.y, lo.y);
-            *reinterpret_cast<uint2*>(&ks[0][j][d]) = hi;
-            *reinterpret_cast<uint2*>(&ks[1][j][d]) = lo;
-            split_pair(vf.x, vf.y, hi.x, lo.x);
-            split_pair(vf.z, vf.w, hi.y, lo.y);
-            *reinterpret_cast<uint2*>(&vs[0][j][d]) = hi;
-            *reinterpret_cast<uint2*>(&vs[1][j][d]) = lo;
+        if constexpr (kDtype == kKvF32) {
+            const float* rawf = reinterpret_cast<const float*>(raw);
+            for (int task = threadIdx.x; task < kPromptKvTile * (D / 4); task += blockDim.x) {
+                const int j = task / (D / 4);
+                const int d = 4 * (task % (D / 4));
+                const float4 kf = *reinterpret_cast<const float4*>(rawf + j * D + d);
+                const float4 vf = *reinterpret_cast<const float4*>(rawf + (kPromptKvTile + j) * D + d);
+                uint2 hi, lo;
+                split_pair(kf.x, kf.y, hi.x, lo.x);
+                split_pair(kf.z, kf.w, hi.y, lo.y);
+                *reinterpret_cast<uint2*>(&ks[0][j][d]) = hi;
+                *reinterpret_cast<uint2*>(&ks[1][j][d]) = lo;
+                split_pair(vf.x, vf.y, hi.x, lo.x);
+                split_pair(vf.z, vf.w, hi.y, lo.y);
+                *reinterpret_cast<uint2*>(&vs[0][j][d]) = hi;
+                *reinterpret_cast<uint2*>(&vs[1][j][d]) = lo;
+            }
+        } else if constexpr (kDtype == kKvF16) {
+            for (int task = threadIdx.x; task < kPromptKvTile * (D / 8); task += blockDim.x) {
+                const int j = task / (D / 8);
+                const int d = 8 * (task % (D / 8));
+                *reinterpret_cast<uint4*>(&ks[0][j][d]) = *reinterpret_cast<const uint4*>(raw + j * kRowBytes + 2 * d);
+                *reinterpret_cast<uint4*>(&vs[0][j][d]) = *reinterpret_cast<const uint4*>(raw + (kPromptKvTile + j) * kRowBytes + 2 * d);
+            }
+        } else {
+            for (int task = threadIdx.x; task < 2 * kPromptKvTile * (D / 8); task += blockDim.x) {
+                const int which = task / (kPromptKvTile * (D / 8));
+                const int j = (task / (D / 8)) % kPromptKvTile;
+                const int d = 8 * (task % (D / 8));
+                const __half2 s = fp8_scale_pair(exps[which * kPromptKvTile + j]);
+                const uint2 codes = *reinterpret_cast<const uint2*>(raw + (which * kPromptKvTile + j) * kRowBytes + d);
+                uint4 wide;
+                wide.x = fp8_pair_to_halves(static_cast<uint16_t>(codes.x), s);
+                wide.y = fp8_pair_to_halves(static_cast<uint16_t>(codes.x >> 16), s);
+                wide.z = fp8_pair_to_halves(static_cast<uint16_t>(codes.y), s);
+                wide.w = fp8_pair_to_halves(static_cast<uint16_t>(codes.y >> 16), s);
+                *reinterpret_cast<uint4*>(which == 0 ? &ks[0][j][d] : &vs[0][j][d]) = wide;
+            }
         }
         __syncthreads();  // the planes are ready and `raw` is free
         if (t0 + kPromptKvTile <= last) issue(t0 + kPromptKvTile);
@@ -195,3 +242,14 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(
             *reinterpret_cast<float2*>(out + (static_cast<size_t>(row_b) * heads + h) * D + dim) = make_float2(o[n][2] / total_b, o[n][3] / total_b);
     }
 }
+
+#define TF_PROMPT_ATTENTION_ARGS                                                                                                        \
+    const float *__restrict__ q, const void *__restrict__ cache_k, const void *__restrict__ cache_v, const int8_t *__restrict__ exp_k, \
+        const int8_t *__restrict__ exp_v, const uint32_t *__restrict__ positions, const uint32_t *__restrict__ tables,                 \
+        const uint32_t *__restrict__ table_offsets, const int *__restrict__ tiles, float *__restrict__ out, int heads, int kv_heads,   \
+        int layers, int layer, int page_tokens
+#define TF_PROMPT_ATTENTION_PASS q, cache_k, cache_v, exp_k, exp_v, positions, tables, table_offsets, tiles, out, heads, kv_heads, layers, layer, page_tokens
+
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(TF_PROMPT_ATTENTION_ARGS) { attention_prompt<tf::kKvF32>(TF_PROMPT_ATTENTION_PASS); }
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt_f16(TF_PROMPT_ATTENTION_ARGS) { attention_prompt<tf::kKvF16>(TF_PROMPT_ATTENTION_PASS); }
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt_fp8(TF_PROMPT_ATTENTION_ARGS) { attention_prompt<tf::kKvFp8>(TF_PROMPT_ATTENTION_PASS); }

@@ -12,6 +12,7 @@
 // depend on its batch.
 #include <stdint.h>
 
+#include "kv_store.cuh"
 #include "mma.cuh"
 
 namespace {
@@ -85,10 +86,10 @@ __device__ __forceinline__ void rope_warp(float* x, const float* cs, int dims, b
 // k_rope] into the layer's cache slot, and every head's q_rope rotated in place. A block per row,
 // warp 0 the key, the other warps the heads.
 extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
-    float* __restrict__ kv, float* __restrict__ q, float* __restrict__ cache, const float* __restrict__ norm,
+    float* __restrict__ kv, float* __restrict__ q, void* __restrict__ cache, const float* __restrict__ norm,
     const float* __restrict__ cos_sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
     const uint32_t* __restrict__ table_offsets, int rows, int heads, int qk_dim, int nope_dim, int interleaved, float eps,
-    int layers, int layer, int page_tokens) {
+    int layers, int layer, int page_tokens, int kv_dtype) {
     __shared__ float partial[8];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -109,15 +110,20 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     const float inverse = 1.0f / sqrtf(total / kMlaLatent + eps);
     const uint32_t position = positions[row];
     const uint32_t page = tables[table_offsets[row] + position / page_tokens];
-    float* slot = cache + ((static_cast<size_t>(page) * layers + layer) * page_tokens + position % page_tokens) * kMlaWidth;
-    for (int i = threadIdx.x; i < kMlaLatent; i += blockDim.x) slot[i] = norm[i] * (key[i] * inverse);
+    const size_t slot = ((static_cast<size_t>(page) * layers + layer) * page_tokens + position % page_tokens) * kMlaWidth;
+    // The cache row in its dtype (kv_store.cuh): f32 or f16 (the host refuses fp8 for MLA).
+    const auto put = [&](int i, float value) {
+        if (kv_dtype == tf::kKvF16) static_cast<half*>(cache)[slot + i] = tf::kv_half(value);
+        else static_cast<float*>(cache)[slot + i] = value;
+    };
+    for (int i = threadIdx.x; i < kMlaLatent; i += blockDim.x) put(i, norm[i] * (key[i] * inverse));
     if (!has_rope) {
-        for (int i = threadIdx.x; i < kMlaRope; i += blockDim.x) slot[kMlaLatent + i] = 0.f;
+        for (int i = threadIdx.x; i < kMlaRope; i += blockDim.x) put(kMlaLatent + i, 0.f);
         return;
     }
     if (warp == 0) {
         rope_warp(key + kMlaLatent, cs, kMlaRope, interleaved, lane);
-        for (int i = lane; i < kMlaRope; i += kWarp) slot[kMlaLatent + i] = key[kMlaLatent + i];
+        for (int i = lane; i < kMlaRope; i += kWarp) put(kMlaLatent + i, key[kMlaLatent + i]);
     }
     for (int h = warp; h < heads; h += blockDim.x / kWarp)
         rope_warp(q + (static_cast<size_t>(row) * heads + h) * qk_dim + nope_dim, cs, kMlaRope, interleaved, lane);
@@ -185,8 +191,8 @@ extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(c
 // (fold_split); else a block per split writes its partial to part_* (part_acc[((row·heads + h)·
 // splits + s)·kv_lora + d], part_ml[.. ·2 + {max, sum}]) for tf_mla_combine. Both fold the same
 // way, so a row's bits are the same in either. Dynamic shared memory: kMlaSharedBytes.
-template <bool kSpread>
-__device__ __forceinline__ void mla_attention(const float* __restrict__ q, const float* __restrict__ q_lat, const float* __restrict__ cache,
+template <bool kSpread, bool kHalf>
+__device__ __forceinline__ void mla_attention(const float* __restrict__ q, const float* __restrict__ q_lat, const void* __restrict__ cache,
                                               const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
                                               const uint32_t* __restrict__ table_offsets, const uint32_t* __restrict__ selected,
                                               const uint32_t* __restrict__ counts, int topk, float* __restrict__ out,
@@ -195,7 +201,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     using namespace tf;
     extern __shared__ __align__(16) unsigned char mla_shared[];
     auto planes = reinterpret_cast<half(*)[kMlaTile][kMlaPlanePitch]>(mla_shared);  // [high/low][position][dim]
-    float* raw = reinterpret_cast<float*>(mla_shared + kMlaPlanesBytes);               // [position][dim], as cached
+    unsigned char* raw = mla_shared + kMlaPlanesBytes;                                 // [position][dim], as cached
+    constexpr int kRowBytes = kMlaWidth * (kHalf ? 2 : 4);
     float(*scores)[kWarp][8] = reinterpret_cast<float(*)[kWarp][8]>(mla_shared + kMlaPlanesBytes + kMlaRawBytes);
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -218,6 +225,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     }
     if (mla_split(count, split_first).begin >= count) return;  // an empty split: the combine skips it
     const uint32_t* table = tables + table_offsets[row];
+    if constexpr (kHalf)  // an f16 row is exact in f16: its low plane stays zero
+        for (int i = threadIdx.x; i < kMlaTile * kMlaPlanePitch / 2; i += blockDim.x) reinterpret_cast<uint32_t*>(&planes[1][0][0])[i] = 0u;
 
     // The query, scaled, as A fragments of this warp's steps: steps 0..3 its latent dims
     // 64w + 16k .., step 4 its rope dims (w < 4); register r holds (head g or g + 8, dims +2t (+8 for r >= 2)).
@@ -247,12 +256,12 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         // Positions (selection entries) t0 .. t0 + kMlaTile - 1 into `raw`, one 16-byte copy per task.
         const auto issue = [&](int t0) {
 #pragma unroll 1
-            for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 4); task += blockDim.x) {
-                const int j = task / (kMlaWidth / 4), d = 4 * (task % (kMlaWidth / 4));
+            for (int task = threadIdx.x; task < kMlaTile * (kRowBytes / 16); task += blockDim.x) {
+                const int j = task / (kRowBytes / 16), piece = task % (kRowBytes / 16);
                 const bool valid = t0 + j < range.end;
                 const int p = valid ? (sparse ? static_cast<int>(picks[t0 + j]) : t0 + j) : 0;
-                const size_t at = ((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens) * kMlaWidth + d;
-                copy16_async(raw + j * kMlaWidth + d, cache + at, valid);
+                const size_t at = ((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens) * kRowBytes + 16 * piece;
+                copy16_async(raw + j * kRowBytes + 16 * piece, static_cast<const unsigned char*>(cache) + at, valid);
             }
             asm volatile("cp.async.commit_group;\n" ::);
         };
@@ -266,14 +275,21 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         for (int t0 = range.begin; t0 < range.end; t0 += kMlaTile) {
             asm volatile("cp.async.wait_group 0;\n" ::);
             __syncthreads();  // `raw` has landed, and every warp is done with the planes
-            for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 4); task += blockDim.x) {
-                const int j = task / (kMlaWidth / 4), d = 4 * (task % (kMlaWidth / 4));
-                const float4 v = *reinterpret_cast<const float4*>(raw + j * kMlaWidth + d);
-                uint2 hi, lo;
-                split_pair(v.x, v.y, hi.x, lo.x);
-                split_pair(v.z, v.w, hi.y, lo.y);
-                *reinterpret_cast<uint2*>(&planes[0][j][d]) = hi;
-                *reinterpret_cast<uint2*>(&planes[1][j][d]) = lo;
+            if constexpr (kHalf) {
+                for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 8); task += blockDim.x) {
+                    const int j = task / (kMlaWidth / 8), d = 8 * (task % (kMlaWidth / 8));
+                    *reinterpret_cast<uint4*>(&planes[0][j][d]) = *reinterpret_cast<const uint4*>(raw + j * kRowBytes + 2 * d);
+                }
+            } else {
+                for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 4); task += blockDim.x) {
+                    const int j = task / (kMlaWidth / 4), d = 4 * (task % (kMlaWidth / 4));
+                    const float4 v = *reinterpret_cast<const float4*>(raw + j * kRowBytes + 4 * d);
+                    uint2 hi, lo;
+                    split_pair(v.x, v.y, hi.x, lo.x);
+                    split_pair(v.z, v.w, hi.y, lo.y);
+                    *reinterpret_cast<uint2*>(&planes[0][j][d]) = hi;
+                    *reinterpret_cast<uint2*>(&planes[1][j][d]) = lo;
+                }
             }
             __syncthreads();  // the planes are ready and `raw` is free
             if (t0 + kMlaTile < range.end) issue(t0 + kMlaTile);
@@ -386,7 +402,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 }
 
 #define TF_MLA_ATTENTION_ARGS                                                                                                      \
-    const float *__restrict__ q, const float *__restrict__ q_lat, const float *__restrict__ cache,                                \
+    const float *__restrict__ q, const float *__restrict__ q_lat, const void *__restrict__ cache,                                 \
         const uint32_t *__restrict__ positions, const uint32_t *__restrict__ tables, const uint32_t *__restrict__ table_offsets, \
         const uint32_t *__restrict__ selected, const uint32_t *__restrict__ counts, int topk, float *__restrict__ out,             \
         float *__restrict__ part_acc, float *__restrict__ part_ml, int rows, int heads, int qk_dim, int nope_dim, float scale,    \
@@ -396,12 +412,18 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 
 // Every split in the block, folded there: prompt rows (and steps with many rows).
 extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<false>(TF_MLA_ATTENTION_PASS);
+    mla_attention<false, false>(TF_MLA_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention_f16(TF_MLA_ATTENTION_ARGS) {
+    mla_attention<false, true>(TF_MLA_ATTENTION_PASS);
 }
 
 // A block per split (gridDim.z == kMlaSplits), partials for tf_mla_combine: a decode step's rows.
 extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention_split(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<true>(TF_MLA_ATTENTION_PASS);
+    mla_attention<true, false>(TF_MLA_ATTENTION_PASS);
+}
+extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention_split_f16(TF_MLA_ATTENTION_ARGS) {
+    mla_attention<true, true>(TF_MLA_ATTENTION_PASS);
 }
 
 // The fold of tf_mla_attention's split partials: a block per (row, head), a thread per 4 dims, each

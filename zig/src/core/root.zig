@@ -10,6 +10,10 @@ pub const config = @import("config.zig");
 pub const parallel = @import("parallel.zig");
 pub const LogitsSummary = @import("logits_summary.zig").LogitsSummary;
 pub const switches = @import("switches.zig");
+pub const fp8 = @import("fp8.zig");
+pub const kv_store = @import("kv_store.zig");
+pub const KvDtype = kv_store.KvDtype;
+pub const KvStore = kv_store.KvStore;
 
 test {
     _ = dtype;
@@ -20,5 +24,7 @@ test {
     _ = parallel;
     _ = @import("logits_summary.zig");
     _ = @import("once.zig");
+    _ = fp8;
+    _ = kv_store;
     _ = @import("contract/registry.zig");
 }

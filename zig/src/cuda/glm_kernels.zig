@@ -5,16 +5,18 @@ const gpu_mod = @import("gpu.zig");
 const kernels = @import("kernels.zig");
 const driver = @import("driver.zig");
 const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
+const KvDtype = @import("../core/kv_store.zig").KvDtype;
 const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_embed",             "tf_rmsnorm",           "tf_add",                  "tf_swiglu",       "tf_gather_rows",
-    "tf_exl3_item_linear",  "tf_exl3_group_linear", "tf_exl3_group_items",     "tf_dense_matmul", "tf_qk_rope_store",
-    "tf_attention",         "tf_route_logits",      "tf_route",                "tf_moe_combine",  "tf_logits_summary",
-    "tf_attention_combine", "tf_attention_prompt",  "tf_logits_summary_parts", "tf_dense_half",   "tf_dense_f32",
-    "tf_dense_splits",
+    "tf_embed",                  "tf_rmsnorm",                "tf_add",                  "tf_swiglu",                  "tf_gather_rows",
+    "tf_exl3_item_linear",       "tf_exl3_group_linear",      "tf_exl3_group_items",     "tf_dense_matmul",            "tf_qk_rope_store",
+    "tf_attention",              "tf_route_logits",           "tf_route",                "tf_moe_combine",             "tf_logits_summary",
+    "tf_attention_combine",      "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",
+    "tf_dense_splits",           "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8",
+    "tf_attention_heads_64_f16", "tf_attention_heads_64_fp8",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -31,12 +33,22 @@ comptime {
     std.debug.assert(prompt_attention_shared_bytes == 67584);
 }
 
+/// tf_attention_heads_*'s (kHeadsSharedBytes in attention_heads.cuh): per warp, two stages of a
+/// 16-position chunk's K and V as f16 rows of 136 halves.
+pub const heads_attention_shared_bytes = 4 * 2 * 2 * 16 * 136 * 2;
+comptime {
+    std.debug.assert(heads_attention_shared_bytes == 69632);
+}
+
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     var module = try Module.load(gpu, kernels.glm_forward, "glm_forward", diag);
     errdefer module.unload(gpu);
     const attribute = driver.function_attribute_max_dynamic_shared_bytes;
     try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention"), attribute, attention_shared_bytes), "cuFuncSetAttribute(tf_attention shared memory)", diag);
-    try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention_prompt"), attribute, prompt_attention_shared_bytes), "cuFuncSetAttribute(tf_attention_prompt shared memory)", diag);
+    inline for (.{ "tf_attention_prompt", "tf_attention_prompt_f16", "tf_attention_prompt_fp8" }) |name|
+        try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, prompt_attention_shared_bytes), "cuFuncSetAttribute(tf_attention_prompt shared memory)", diag);
+    inline for (.{ "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16", "tf_attention_heads_64_fp8" }) |name|
+        try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, heads_attention_shared_bytes), "cuFuncSetAttribute(tf_attention_heads shared memory)", diag);
     return module;
 }
 
@@ -285,6 +297,10 @@ pub const Kernels = struct {
     pub const PagedKv = struct {
         cache_k: Ptr,
         cache_v: Ptr,
+        /// fp8: the per-position exponents beside the codes (kv_store.cuh); 0 otherwise.
+        exp_k: Ptr = 0,
+        exp_v: Ptr = 0,
+        dtype: KvDtype = .f32,
         positions: Ptr,
         tables: Ptr,
         table_offsets: Ptr,
@@ -310,10 +326,11 @@ pub const Kernels = struct {
 
     pub fn qkRopeStore(k: Kernels, c: RopeStore, kv: PagedKv) Error!void {
         var a = .{
-            c.q,                                c.k,                           c.v,                             c.q_norm,                          c.k_norm,
-            c.cos_sin,                          kv.positions,                  kv.tables,                       kv.table_offsets,                  kv.cache_k,
-            kv.cache_v,                         @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)),  @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)),
-            @as(c_int, @intCast(c.rotary_dim)), c.eps,                         @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),    @as(c_int, @intCast(kv.page_tokens)),
+            c.q,                             c.k,                               c.v,                                  c.q_norm,                                    c.k_norm,
+            c.cos_sin,                       kv.positions,                      kv.tables,                            kv.table_offsets,                            kv.cache_k,
+            kv.cache_v,                      kv.exp_k,                          kv.exp_v,                             @as(c_int, @intCast(@backingInt(kv.dtype))), @as(c_int, @intCast(kv.rows)),
+            @as(c_int, @intCast(kv.heads)),  @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.head_dim)),    @as(c_int, @intCast(c.rotary_dim)),          c.eps,
+            @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),    @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
@@ -347,6 +364,7 @@ pub const Kernels = struct {
     pub fn attention(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, parts: ?AttentionParts, skip: Ptr) Error!void {
         std.debug.assert(kv.head_dim <= attention_head_dim_max and kv.head_dim % 4 == 0);
         const p = parts orelse AttentionParts{ .acc = 0, .ml = 0 };
+        if (kv.dtype != .f32) return k.attentionHeads(q, out, kv, p, parts != null, skip);
         var a = .{
             q,                                    kv.cache_k,                        kv.cache_v,                      kv.positions,
             kv.tables,                            kv.table_offsets,                  skip,                            out,
@@ -360,6 +378,42 @@ pub const Kernels = struct {
         const splits: u32 = if (parts == null) 1 else attention_splits;
         try k.runShared("tf_attention", .{ @intCast(kv.rows * kv.kv_heads), splits, 1 }, 32 * warps, attention_shared_bytes, ptrs);
         if (parts == null) return;
+        var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
+        var cptrs: [c.len]*anyopaque = undefined;
+        inline for (0..c.len) |i| cptrs[i] = @ptrCast(&c[i]);
+        try k.run("tf_attention_combine", .{ blocks(kv.rows * kv.heads * kv.head_dim / 4, 128), 1, 1 }, 128, cptrs);
+    }
+
+    /// The head sizes tf_attention_heads_* is built for (an f16 or fp8 cache needs one of them).
+    pub fn headsAttentionTakes(head_dim: usize) bool {
+        return head_dim == 64 or head_dim == 128;
+    }
+
+    /// attention() over an f16 or fp8 cache: a block per (row, KV head, split or all, 16 heads of
+    /// the group), its query heads the m of tensor-core products (attention_heads.cuh); the same
+    /// splits, partials and combine as tf_attention.
+    fn attentionHeads(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, p: AttentionParts, spread: bool, skip: Ptr) Error!void {
+        std.debug.assert(headsAttentionTakes(kv.head_dim));
+        var a = .{
+            q,                              kv.cache_k,                           kv.cache_v,                        kv.exp_k,
+            kv.exp_v,                       kv.positions,                         kv.tables,                         kv.table_offsets,
+            skip,                           out,                                  p.acc,                             p.ml,
+            @as(c_int, @intCast(kv.rows)),  @as(c_int, @intCast(kv.heads)),       @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.layers)),
+            @as(c_int, @intCast(kv.layer)), @as(c_int, @intCast(kv.page_tokens)),
+        };
+        var ptrs: [a.len]*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        const chunks = std.math.divCeil(usize, kv.heads / kv.kv_heads, 16) catch unreachable;
+        const splits: u32 = if (spread) attention_splits else 1;
+        const grid: [3]u32 = .{ @intCast(kv.rows * kv.kv_heads), splits, @intCast(chunks) };
+        switch (kv.dtype) {
+            inline .f16, .fp8 => |d| switch (kv.head_dim) {
+                inline 64, 128 => |dim| try k.runShared(std.fmt.comptimePrint("tf_attention_heads_{d}_{s}", .{ dim, @tagName(d) }), grid, 128, heads_attention_shared_bytes, ptrs),
+                else => unreachable,
+            },
+            .f32 => unreachable,
+        }
+        if (!spread) return;
         var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
         var cptrs: [c.len]*anyopaque = undefined;
         inline for (0..c.len) |i| cptrs[i] = @ptrCast(&c[i]);
@@ -406,10 +460,10 @@ pub const Kernels = struct {
     pub fn attentionPrompt(k: Kernels, q: Ptr, out: Ptr, kv: PagedKv, tiles: Ptr, grid_tiles: usize) Error!void {
         std.debug.assert(kv.head_dim == prompt_attention_head_dim);
         var a = .{
-            q,                                    kv.cache_k,                        kv.cache_v,                      kv.positions,
-            kv.tables,                            kv.table_offsets,                  tiles,                           out,
-            @as(c_int, @intCast(kv.heads)),       @as(c_int, @intCast(kv.kv_heads)), @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)),
-            @as(c_int, @intCast(kv.page_tokens)),
+            q,                               kv.cache_k,                     kv.cache_v,                           kv.exp_k,
+            kv.exp_v,                        kv.positions,                   kv.tables,                            kv.table_offsets,
+            tiles,                           out,                            @as(c_int, @intCast(kv.heads)),       @as(c_int, @intCast(kv.kv_heads)),
+            @as(c_int, @intCast(kv.layers)), @as(c_int, @intCast(kv.layer)), @as(c_int, @intCast(kv.page_tokens)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
@@ -417,7 +471,10 @@ pub const Kernels = struct {
         const warps: usize = @min(group, 4);
         const chunks = std.math.divCeil(usize, group, warps) catch unreachable;
         const grid: [3]u32 = .{ @intCast(@max(grid_tiles, 1)), @intCast(kv.kv_heads * chunks), 1 };
-        try k.runShared("tf_attention_prompt", grid, @intCast(32 * warps), prompt_attention_shared_bytes, ptrs);
+        switch (kv.dtype) {
+            .f32 => try k.runShared("tf_attention_prompt", grid, @intCast(32 * warps), prompt_attention_shared_bytes, ptrs),
+            inline .f16, .fp8 => |d| try k.runShared("tf_attention_prompt_" ++ @tagName(d), grid, @intCast(32 * warps), prompt_attention_shared_bytes, ptrs),
+        }
     }
 
     pub const Route = struct {

@@ -36,6 +36,7 @@ pub const Shape = extern struct {
     logits_rows_max: u32,
     /// Sequence slots: each rank keeps its heads' part of every slot's recurrent (KDA) state.
     sequences: u32,
+    kv_dtype: u32, // a core.KvDtype
 };
 
 /// GPU of this host for `rank`: TRELLISFORGE_GPU when set, else the rank (one GPU per rank on a
@@ -99,6 +100,10 @@ pub const Rank = struct {
             diag.set("the master runs {d} ranks; this is rank {d}", .{ shape.world, rank });
             return error.UnsupportedModel;
         }
+        if (std.enums.fromInt(core.KvDtype, shape.kv_dtype) == null) {
+            diag.set("the master's KV dtype {d} is unknown to this worker", .{shape.kv_dtype});
+            return error.UnsupportedModel;
+        }
         const self = try init(gpa, full, shape, rank, diag);
         self.master = master;
         errdefer self.deinit();
@@ -125,7 +130,7 @@ pub const Rank = struct {
         errdefer self.weights.deinit(gpa);
         const c = self.weights.config;
         const on_gpu = shape.backend == 1;
-        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, shape.pages, shape.page_tokens, shape.sequences);
+        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, @fromBackingInt(@intCast(shape.kv_dtype)), shape.pages, shape.page_tokens, shape.sequences);
         errdefer if (self.cache) |*cache| cache.deinit(gpa);
         self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
         errdefer self.scratch.deinit();
@@ -148,6 +153,7 @@ pub const Rank = struct {
                 .page_tokens = shape.page_tokens,
                 .pages_per_sequence = shape.pages_per_sequence,
                 .sequences = shape.sequences,
+                .kv_dtype = @fromBackingInt(@intCast(shape.kv_dtype)),
             }, diag);
         }
         errdefer if (self.gpu) |g| g.deinit();

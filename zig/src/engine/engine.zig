@@ -158,7 +158,7 @@ pub const Engine = struct {
         errdefer if (engine.prefix) |*cache| cache.deinit(gpa);
         engine.host_cache = null;
         if (p.backend == @backingInt(Backend.cpu) and p.tp_world == 1) {
-            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, p.kv_pages, p.page_tokens, p.sequences_max);
+            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, params_mod.kvDtype(p), p.kv_pages, p.page_tokens, p.sequences_max);
         }
         errdefer if (engine.host_cache) |*cache| cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
@@ -177,6 +177,7 @@ pub const Engine = struct {
                 .page_tokens = p.page_tokens,
                 .pages_per_sequence = engine.sequences[0].pages.len,
                 .sequences = p.sequences_max,
+                .kv_dtype = params_mod.kvDtype(p),
             }, diag);
         }
         errdefer if (engine.gpu_model) |gpu_model| gpu_model.deinit();
@@ -202,6 +203,7 @@ pub const Engine = struct {
                 .page_tokens = p.page_tokens,
                 .pages_per_sequence = @intCast(engine.sequences[0].pages.len),
                 .sequences = p.sequences_max,
+                .kv_dtype = p.kv_dtype,
             }, m.host, m.port, diag);
         } else if (p.tp_world > 1) {
             if (p.backend != @backingInt(Backend.cpu)) {
@@ -215,6 +217,7 @@ pub const Engine = struct {
                 .pages = p.kv_pages,
                 .page_tokens = p.page_tokens,
                 .sequences = p.sequences_max,
+                .kv_dtype = params_mod.kvDtype(p),
             }, diag);
         }
         engine.pages_reserved = 0;
@@ -411,6 +414,8 @@ pub const Engine = struct {
             .pages_cached = if (engine.prefix) |c| @intCast(c.cached_count) else 0,
             .prefix_hit_tokens = if (engine.prefix) |c| c.hit_tokens else 0,
             .prefix_miss_tokens = if (engine.prefix) |c| c.miss_tokens else 0,
+            .kv_dtype = engine.params.kv_dtype,
+            .kv_bytes_per_token = glm.cache.bytesPerToken(engine.config(), params_mod.kvDtype(engine.params)),
         };
     }
 

@@ -42,4 +42,7 @@ pub const Stats = extern struct {
     pages_cached: u32,
     prefix_hit_tokens: u64,
     prefix_miss_tokens: u64,
+    kv_dtype: u32,
+    kv_reserved: u32 = 0,
+    kv_bytes_per_token: u64,
 };

@@ -19,6 +19,7 @@ pub const Limits = struct {
     page_tokens: usize,
     /// Sequence slots: each rank keeps its heads' part of every slot's recurrent (KDA) state.
     sequences: usize,
+    kv_dtype: core.KvDtype,
 };
 
 const Rank = struct {
@@ -45,7 +46,7 @@ pub const TensorParallel = struct {
             rank.weights = try glm.shard.shard(gpa, full, limits.world, r, diag);
             errdefer rank.weights.deinit(gpa);
             const c = rank.weights.config;
-            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.pages, limits.page_tokens, limits.sequences);
+            rank.cache = try glm.cache.HostCache.init(gpa, &c, limits.kv_dtype, limits.pages, limits.page_tokens, limits.sequences);
             errdefer rank.cache.deinit(gpa);
             rank.scratch = try glm.forward_cpu.Scratch.init(gpa, &rank.weights, limits.rows_max, limits.context_max);
             ready += 1;

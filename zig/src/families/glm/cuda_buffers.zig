@@ -83,8 +83,12 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.sample_jobs = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Job), diag);
     model.sample_choices = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Choice), diag);
     const cache_values = l.pages * c.countOf("attention", .gqa) * c.kv_heads * l.page_tokens * c.head_dim;
-    model.cache_k = try model.alloc(@max(cache_values, 1) * f, diag);
-    model.cache_v = try model.alloc(@max(cache_values, 1) * f, diag);
+    const stored = l.kv_dtype.bytes();
+    model.cache_k = try model.alloc(@max(cache_values, 1) * stored, diag);
+    model.cache_v = try model.alloc(@max(cache_values, 1) * stored, diag);
+    const exponents = if (l.kv_dtype == .fp8) cache_values / @max(c.head_dim, 1) else 0;
+    model.exp_k = if (exponents > 0) try model.alloc(exponents, diag) else 0;
+    model.exp_v = if (exponents > 0) try model.alloc(exponents, diag) else 0;
     model.mla = try mla_cuda.allocate(model, diag);
     model.dsa = try dsa_cuda.allocate(model, diag);
     model.kda = try kda_cuda.allocate(model, diag);

@@ -52,6 +52,8 @@ pub const Limits = struct {
     pages_per_sequence: usize,
     /// Sequence slots, each with its own recurrent (KDA) state.
     sequences: usize = 0,
+    /// What the GQA and MLA caches store (the DSA indexer's keys stay f32).
+    kv_dtype: core.KvDtype = .f32,
     /// Replay recorded forwards of up to `graph_rows_max` rows (TF_CUDA_GRAPHS=0 turns it off).
     graphs: bool = true,
 };
@@ -106,6 +108,9 @@ pub const GpuModel = struct {
     lm_head: GpuLinear,
     cache_k: Ptr,
     cache_v: Ptr,
+    /// fp8: the per-position exponents of cache_k and cache_v (kv_store.cuh); 0 otherwise.
+    exp_k: Ptr,
+    exp_v: Ptr,
     // Per-forward device buffers, sized by `limits` (cuda_buffers.zig).
     tokens: Ptr,
     positions: Ptr,
@@ -216,8 +221,8 @@ pub const GpuModel = struct {
             return error.UnsupportedModel;
         }
         const c = weights.config;
-        try gqa_cuda.checkShape(&c, diag);
-        try mla_cuda.checkShape(&c, diag);
+        try gqa_cuda.checkShape(&c, limits.kv_dtype, diag);
+        try mla_cuda.checkShape(&c, limits.kv_dtype, diag);
         try kda_cuda.checkShape(&c, diag);
         try hyper_cuda.checkShape(&c, diag);
         if (c.countOf("attention", .kda) > 0 and limits.sequences == 0) {
@@ -226,6 +231,10 @@ pub const GpuModel = struct {
         }
         model.gpu = try cuda.Gpu.open(limits.device, diag);
         errdefer model.gpu.close();
+        if (limits.kv_dtype == .fp8 and model.gpu.compute_capability < 89) {
+            diag.set("kv_dtype fp8 needs a GPU of sm_89 or later (e4m3 conversions); this one is sm_{d}: use f16", .{model.gpu.compute_capability});
+            return error.UnsupportedModel;
+        }
         errdefer model.freeAll();
         model.module = try K.load(&model.gpu, diag);
         errdefer model.module.unload(&model.gpu);

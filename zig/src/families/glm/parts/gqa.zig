@@ -10,6 +10,8 @@ const Batch = @import("../batch.zig").Batch;
 const rope = @import("../rope.zig");
 const ops = @import("../ops.zig");
 const dot = @import("../linear.zig").dot;
+const KvStore = core.KvStore;
+const KvDtype = core.KvDtype;
 
 pub const Gqa = struct {
     q: Linear,
@@ -68,9 +70,8 @@ pub const Gqa = struct {
                 const key = k[(r * c.kv_heads + h) * c.head_dim ..][0..c.head_dim];
                 if (gqa.k_norm) |w| ops.rmsNorm(key, w, c.rms_norm_eps, key);
                 rope.apply(c.rope.style, key[0..c.rotary_dim], cos_sin);
-                const at = cache.offset(page, layer, h, slot);
-                @memcpy(cache.keys[at..][0..c.head_dim], key);
-                @memcpy(cache.values[at..][0..c.head_dim], v[(r * c.kv_heads + h) * c.head_dim ..][0..c.head_dim]);
+                cache.keys.put(page, layer, h, slot, key);
+                cache.values.put(page, layer, h, slot, v[(r * c.kv_heads + h) * c.head_dim ..][0..c.head_dim]);
             }
         }
         const job: Job = .{ .config = c, .layer = layer, .cache = cache, .batch = batch, .scratch = scratch };
@@ -95,6 +96,7 @@ const Job = struct {
         const group = c.heads / c.kv_heads;
         const scale = c.attention_scale;
         const scores = job.scratch.scores[worker * job.scratch.context_max ..][0..job.scratch.context_max];
+        const widened = job.scratch.widened[worker * c.head_dim ..][0..c.head_dim];
         for (begin..end) |item| {
             const r = item / c.heads;
             const h = item % c.heads;
@@ -104,8 +106,7 @@ const Job = struct {
             const table = job.batch.page_tables[r];
             var max_score: f32 = -std.math.inf(f32);
             for (0..length) |t| {
-                const at = cache.offset(table[t / page_tokens], job.layer, kv_head, t % page_tokens);
-                scores[t] = dot(query, cache.keys[at..][0..c.head_dim]) * scale;
+                scores[t] = dot(query, cache.keys.get(table[t / page_tokens], job.layer, kv_head, t % page_tokens, widened)) * scale;
                 max_score = @max(max_score, scores[t]);
             }
             var total: f32 = 0;
@@ -116,46 +117,36 @@ const Job = struct {
             const out = job.scratch.attention[(r * c.heads + h) * c.head_dim ..][0..c.head_dim];
             @memset(out, 0);
             for (0..length) |t| {
-                const at = cache.offset(table[t / page_tokens], job.layer, kv_head, t % page_tokens);
                 const p = scores[t] / total;
-                for (out, cache.values[at..][0..c.head_dim]) |*o, value| o.* += p * value;
+                for (out, cache.values.get(table[t / page_tokens], job.layer, kv_head, t % page_tokens, widened)) |*o, value| o.* += p * value;
             }
         }
     }
 };
 
-/// GQA layers' keys and values on the host: (pages, layers, kv_heads, page_tokens, head_dim) f32
-/// each, the layout the CUDA kernels use for their device copy.
+/// GQA layers' keys and values on the host: (pages, layers, kv_heads, page_tokens, head_dim) each
+/// in the engine's KV dtype (core/kv_store.zig), the layout the CUDA kernels use for their device
+/// copy.
 pub const Cache = struct {
-    layers: usize,
-    kv_heads: usize,
-    head_dim: usize,
     page_tokens: usize,
-    pages: usize,
-    keys: []f32,
-    values: []f32,
+    keys: KvStore,
+    values: KvStore,
 
-    pub fn floatsPerToken(c: *const Config) usize {
+    /// Values one position stores across the GQA layers (keys and values).
+    pub fn valuesPerToken(c: *const Config) usize {
         return 2 * c.countOf("attention", .gqa) * c.kv_heads * c.head_dim;
     }
 
-    pub fn init(gpa: std.mem.Allocator, c: *const Config, pages: usize, page_tokens: usize) error{OutOfMemory}!Cache {
+    pub fn init(gpa: std.mem.Allocator, c: *const Config, dtype: KvDtype, pages: usize, page_tokens: usize) error{OutOfMemory}!Cache {
         const layers = c.countOf("attention", .gqa);
-        const values_count = pages * layers * c.kv_heads * page_tokens * c.head_dim;
-        const keys = try gpa.alloc(f32, values_count);
-        errdefer gpa.free(keys);
-        return .{ .layers = layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim, .page_tokens = page_tokens, .pages = pages, .keys = keys, .values = try gpa.alloc(f32, values_count) };
+        var keys = try KvStore.init(gpa, dtype, pages, layers, c.kv_heads, page_tokens, c.head_dim);
+        errdefer keys.deinit(gpa);
+        return .{ .page_tokens = page_tokens, .keys = keys, .values = try KvStore.init(gpa, dtype, pages, layers, c.kv_heads, page_tokens, c.head_dim) };
     }
 
     pub fn deinit(cache: *Cache, gpa: std.mem.Allocator) void {
-        gpa.free(cache.keys);
-        gpa.free(cache.values);
-    }
-
-    /// The head_dim values of (page, layer, kv_head, slot).
-    pub fn offset(cache: *const Cache, page: u32, layer: usize, kv_head: usize, slot: usize) usize {
-        std.debug.assert(page < cache.pages and layer < cache.layers and kv_head < cache.kv_heads and slot < cache.page_tokens);
-        return (((@as(usize, page) * cache.layers + layer) * cache.kv_heads + kv_head) * cache.page_tokens + slot) * cache.head_dim;
+        cache.keys.deinit(gpa);
+        cache.values.deinit(gpa);
     }
 };
 
@@ -166,6 +157,7 @@ pub const Scratch = struct {
     v: []f32,
     attention: []f32, // (rows, heads·head_dim)
     scores: []f32, // (threads, context_max)
+    widened: []f32, // (threads, head_dim): a cached position read back as f32
     /// The composer's per-row cos/sin of the model's RoPE (not owned).
     cos_sin: []const f32,
 
@@ -177,6 +169,7 @@ pub const Scratch = struct {
             .v = try arena.alloc(f32, rows_max * c.kv_heads * c.head_dim),
             .attention = try arena.alloc(f32, rows_max * c.heads * c.head_dim),
             .scores = try arena.alloc(f32, core.parallel.threadCount() * context_max),
+            .widened = try arena.alloc(f32, core.parallel.threadCount() * c.head_dim),
             .cos_sin = cos_sin,
         };
     }

@@ -28,9 +28,14 @@ pub const GpuGqa = struct {
 };
 
 /// What tf_attention and tf_qk_rope_store take: head_dim <= attention_head_dim_max, a multiple of
-/// 4, and whole groups of query heads per KV head.
-pub fn checkShape(c: *const @import("../config.zig").Config, diag: *Diagnostic) Error!void {
+/// 4, and whole groups of query heads per KV head; over an f16 or fp8 cache, head_dim 64 or 128
+/// (tf_attention_heads_*).
+pub fn checkShape(c: *const @import("../config.zig").Config, kv_dtype: core.KvDtype, diag: *Diagnostic) Error!void {
     if (c.countOf("attention", .gqa) == 0) return;
+    if (kv_dtype != .f32 and !K.Kernels.headsAttentionTakes(c.head_dim)) {
+        diag.set("the CUDA attention over an {s} cache takes head_dim 64 or 128; this model has {d}: use kv_dtype f32", .{ kv_dtype.name(), c.head_dim });
+        return error.UnsupportedModel;
+    }
     if (c.head_dim > K.Kernels.attention_head_dim_max or c.head_dim % 4 != 0 or c.heads % @max(c.kv_heads, 1) != 0) {
         diag.set("the CUDA attention takes head_dim <= {d}, a multiple of 4, and heads a multiple of kv_heads; this model has head_dim {d}, {d} heads, {d} KV heads", .{ K.Kernels.attention_head_dim_max, c.head_dim, c.heads, c.kv_heads });
         return error.UnsupportedModel;
@@ -69,6 +74,9 @@ pub fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuGqa, layer: us
     const kv: K.Kernels.PagedKv = .{
         .cache_k = model.cache_k,
         .cache_v = model.cache_v,
+        .exp_k = model.exp_k,
+        .exp_v = model.exp_v,
+        .dtype = model.limits.kv_dtype,
         .positions = model.positions,
         .tables = model.tables,
         .table_offsets = model.table_offsets,

@@ -120,8 +120,7 @@ pub const Mla = struct {
             ops.rmsNorm(row[0..m.kv_lora_rank], mla.kv_a_norm, m.latent_eps, row[0..m.kv_lora_rank]);
             rope.apply(c.rope.style, row[m.kv_lora_rank..], cos_sin);
             const position = batch.positions[r];
-            const slot = cache.offset(batch.page_tables[r][position / cache.page_tokens], at.mla, position % cache.page_tokens);
-            @memcpy(cache.latent[slot..][0..m.cacheWidth()], row);
+            cache.latent.put(batch.page_tables[r][position / cache.page_tokens], at.mla, 0, position % cache.page_tokens, row);
         }
         switch (plan.indexer) {
             .full => if (mla.pooled) |*pooled|
@@ -179,6 +178,7 @@ const Job = struct {
         const scores = s.scores[worker * s.context_max ..][0..s.context_max];
         const q_lat = s.absorbed[worker * 2 * m.kv_lora_rank ..][0..m.kv_lora_rank];
         const lat_out = s.absorbed[(worker * 2 + 1) * m.kv_lora_rank ..][0..m.kv_lora_rank];
+        const widened = s.widened[worker * width ..][0..width];
         for (begin..end) |item| {
             const r = item / c.heads;
             const h = item % c.heads;
@@ -204,7 +204,7 @@ const Job = struct {
             var max_score: f32 = -std.math.inf(f32);
             for (0..count) |i| {
                 const t = if (job.sparse) positions[i] else i;
-                const row = cache.latent[cache.offset(table[t / cache.page_tokens], job.layer, t % cache.page_tokens)..][0..width];
+                const row = cache.latent.get(table[t / cache.page_tokens], job.layer, 0, t % cache.page_tokens, widened);
                 scores[i] = (dot(q_lat, row[0..m.kv_lora_rank]) + dot(query[m.nope_dim..], row[m.kv_lora_rank..])) * c.attention_scale;
                 max_score = @max(max_score, scores[i]);
             }
@@ -216,40 +216,33 @@ const Job = struct {
             @memset(lat_out, 0);
             for (0..count) |i| {
                 const t = if (job.sparse) positions[i] else i;
-                const row = cache.latent[cache.offset(table[t / cache.page_tokens], job.layer, t % cache.page_tokens)..][0..m.kv_lora_rank];
+                const row = cache.latent.get(table[t / cache.page_tokens], job.layer, 0, t % cache.page_tokens, widened);
                 const p = scores[i] / total;
-                for (lat_out, row) |*o, value| o.* += p * value;
+                for (lat_out, row[0..m.kv_lora_rank]) |*o, value| o.* += p * value;
             }
             for (out, 0..) |*o, j| o.* = dot(w_head[(m.nope_dim + j) * m.kv_lora_rank ..][0..m.kv_lora_rank], lat_out);
         }
     }
 };
 
-/// MLA layers' latents on the host: (pages, layers, page_tokens, kv_lora_rank + rope).
+/// MLA layers' latents on the host: (pages, layers, page_tokens, kv_lora_rank + rope) in the
+/// engine's KV dtype (core/kv_store.zig; one "head": the latent is shared by all heads).
 pub const Cache = struct {
-    layers: usize,
-    width: usize,
     page_tokens: usize,
-    pages: usize,
-    latent: []f32,
+    latent: core.KvStore,
 
-    pub fn floatsPerToken(c: *const Config) usize {
+    /// Values one position stores across the MLA layers.
+    pub fn valuesPerToken(c: *const Config) usize {
         return c.countOf("attention", .mla) * c.mla.cacheWidth();
     }
 
-    pub fn init(gpa: std.mem.Allocator, c: *const Config, pages: usize, page_tokens: usize) error{OutOfMemory}!Cache {
+    pub fn init(gpa: std.mem.Allocator, c: *const Config, dtype: core.KvDtype, pages: usize, page_tokens: usize) error{OutOfMemory}!Cache {
         const layers = c.countOf("attention", .mla);
-        const width = c.mla.cacheWidth();
-        return .{ .layers = layers, .width = width, .page_tokens = page_tokens, .pages = pages, .latent = try gpa.alloc(f32, pages * layers * page_tokens * width) };
+        return .{ .page_tokens = page_tokens, .latent = try core.KvStore.init(gpa, dtype, pages, layers, 1, page_tokens, c.mla.cacheWidth()) };
     }
 
     pub fn deinit(cache: *Cache, gpa: std.mem.Allocator) void {
-        gpa.free(cache.latent);
-    }
-
-    pub fn offset(cache: *const Cache, page: u32, layer: usize, slot: usize) usize {
-        std.debug.assert(page < cache.pages and layer < cache.layers and slot < cache.page_tokens);
-        return ((@as(usize, page) * cache.layers + layer) * cache.page_tokens + slot) * cache.width;
+        cache.latent.deinit(gpa);
     }
 };
 
@@ -261,6 +254,7 @@ pub const Scratch = struct {
     attention: []f32, // (rows, heads·v_dim)
     scores: []f32, // (threads, context_max)
     absorbed: []f32, // (threads, 2·kv_lora_rank): q_lat and the weighted latent
+    widened: []f32, // (threads, kv_lora_rank + rope): a cached position read back as f32
     cos_sin: []const f32,
     dsa: ?*dsa.Scratch,
 
@@ -275,6 +269,7 @@ pub const Scratch = struct {
             .attention = try arena.alloc(f32, rows_max * c.heads * m.v_dim),
             .scores = try arena.alloc(f32, threads * context_max),
             .absorbed = try arena.alloc(f32, threads * 2 * m.kv_lora_rank),
+            .widened = try arena.alloc(f32, threads * m.cacheWidth()),
             .cos_sin = cos_sin,
             .dsa = indexer,
         };

@@ -57,9 +57,13 @@ pub const Buffers = struct {
     spread_rows: usize,
 };
 
-/// What mla.cu takes: every GLM MLA model's latent and rope sizes.
-pub fn checkShape(c: *const Config, diag: *Diagnostic) Error!void {
+/// What mla.cu takes: every GLM MLA model's latent and rope sizes, in an f32 or f16 cache.
+pub fn checkShape(c: *const Config, kv_dtype: core.KvDtype, diag: *Diagnostic) Error!void {
     if (c.countOf("attention", .mla) == 0) return;
+    if (kv_dtype == .fp8) {
+        diag.set("the CUDA MLA kernels keep an f32 or f16 latent cache; kv_dtype fp8 runs MLA models on the cpu backend only", .{});
+        return error.UnsupportedModel;
+    }
     const m = c.mla;
     if (m.kv_lora_rank != M.latent or (m.rope_dim != M.rope and m.rope_dim != 0) or m.nope_dim > M.nope_max) {
         diag.set("the CUDA MLA kernels take kv_lora_rank {d}, qk_rope_head_dim {d} (or 0) and qk_nope_head_dim <= {d}; this model has {d}, {d}, {d}", .{ M.latent, M.rope, M.nope_max, m.kv_lora_rank, m.rope_dim, m.nope_dim });
@@ -122,7 +126,7 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
         .lat_out = try model.alloc(rows * c.heads * m.kv_lora_rank * f, diag),
         .out = try model.alloc(rows * c.heads * m.v_dim * f, diag),
         // Rows of latent + 64 even for NoPE models (zeros there): the kernels' one row shape.
-        .cache = try model.alloc(l.pages * layers * l.page_tokens * (M.latent + M.rope) * f, diag),
+        .cache = try model.alloc(l.pages * layers * l.page_tokens * (M.latent + M.rope) * l.kv_dtype.bytes(), diag),
         .parts = .{ .acc = try model.alloc(@max(parts.acc, 1) * f, diag), .ml = try model.alloc(@max(parts.ml, 1) * f, diag) },
         .spread_rows = spread_rows,
     };
@@ -147,6 +151,7 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
     try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
     const paged: M.Paged = .{
         .cache = b.cache,
+        .half = model.limits.kv_dtype == .f16,
         .positions = model.positions,
         .tables = model.tables,
         .table_offsets = model.table_offsets,
