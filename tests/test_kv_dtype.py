@@ -119,7 +119,9 @@ def test_an_unknown_kv_dtype_is_refused_clearly():
 @pytest.mark.parametrize("kv_dtype", ["f32", "fp8"])
 def test_the_server_runs_the_cache_dtype_it_is_given(kv_dtype):
     """`--kv-dtype`: a completion is the greedy continuation of an engine with that cache (the
-    default, f16, is what tests/test_server_mla.py's servers run)."""
+    default, f16, is what tests/test_server_mla.py's servers run), and /metrics names the dtype
+    with the bytes a position takes."""
+    import httpx
     import openai
     from server_process import running_server
 
@@ -130,11 +132,14 @@ def test_the_server_runs_the_cache_dtype_it_is_given(kv_dtype):
     with running_server("--model", str(model), "--model-name", "glm-tiny", "--max-seqs", "2", "--kv-dtype", kv_dtype) as (base, _):
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
         response = client.completions.create(model="glm-tiny", prompt=prompt, max_tokens=8, temperature=0)
+        metrics = httpx.get(f"{base}/metrics").text
     with trellisforge.Engine(model, max_seqs=1, kv_dtype=kv_dtype) as engine:
         tokens = engine.generate(tokenizer.encode(prompt), 8, stop_token_ids=[])
+        size = engine.stats()["kv_bytes_per_token"]
     used = response.usage.completion_tokens
     assert 1 <= used <= 8
     assert response.choices[0].text == tokenizer.decode(tokens[:used], skip_special_tokens=True)
+    assert f'trellisforge_kv_bytes_per_token{{dtype="{kv_dtype}"}} {float(size)}' in metrics
 
 
 def test_the_server_refuses_an_unknown_kv_dtype():
