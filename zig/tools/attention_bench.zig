@@ -35,23 +35,18 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
     const pages = decode_rows_max * context_max / page_tokens;
     const cache_bytes = pages * kv_heads * page_tokens * head_dim * 4;
     var b: Buffers = undefined;
-    b.cache_k = try gpu.alloc(cache_bytes, diag);
+    // Sized for f32; the f16 and fp8 rows read the front of the same zeroed buffers.
+    b.cache_k = try zeroed(gpu, cache_bytes, diag);
     defer gpu.free(b.cache_k);
-    b.cache_v = try gpu.alloc(cache_bytes, diag);
+    b.cache_v = try zeroed(gpu, cache_bytes, diag);
     defer gpu.free(b.cache_v);
-    try gpu.zero(b.cache_k, cache_bytes, diag);
-    try gpu.zero(b.cache_v, cache_bytes, diag);
-    const exponent_bytes = cache_bytes / 4 / head_dim;
-    b.exp_k = try gpu.alloc(exponent_bytes, diag);
+    b.exp_k = try zeroed(gpu, cache_bytes / 4 / head_dim, diag);
     defer gpu.free(b.exp_k);
-    b.exp_v = try gpu.alloc(exponent_bytes, diag);
+    b.exp_v = try zeroed(gpu, cache_bytes / 4 / head_dim, diag);
     defer gpu.free(b.exp_v);
-    try gpu.zero(b.exp_k, exponent_bytes, diag);
-    try gpu.zero(b.exp_v, exponent_bytes, diag);
     const q_bytes = prefill_rows * heads * head_dim * 4;
-    b.q = try gpu.alloc(q_bytes, diag);
+    b.q = try zeroed(gpu, q_bytes, diag);
     defer gpu.free(b.q);
-    try gpu.zero(b.q, q_bytes, diag);
     b.out = try gpu.alloc(q_bytes, diag);
     defer gpu.free(b.out);
     const parts = K.Kernels.AttentionParts.floats(decode_rows_max, heads, head_dim);
@@ -90,6 +85,13 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
         try b.time(gpa, gpu, module, .prefill, prefill_rows, context, .whole, .f32, copy_gbs, diag);
         for (dtypes) |dtype| try b.time(gpa, gpu, module, .prefill, prefill_rows, context, .tiles, dtype, copy_gbs, diag);
     }
+}
+
+fn zeroed(gpu: *cuda.Gpu, bytes: usize, diag: *Diagnostic) !Ptr {
+    const ptr = try gpu.alloc(bytes, diag);
+    errdefer gpu.free(ptr);
+    try gpu.zero(ptr, bytes, diag);
+    return ptr;
 }
 
 const Mode = enum { whole, spread, tiles };

@@ -15,6 +15,7 @@ const cuda = tf.cuda;
 const Diagnostic = tf.core.Diagnostic;
 const Report = @import("report.zig").Report;
 const say = @import("say.zig").say;
+const upload = @import("device_upload.zig").upload;
 
 const Shape = struct { in: usize, out: usize, bias: bool = false, half: bool = true, stride: usize = 0, squares: bool = false };
 const shapes = [_]Shape{
@@ -183,11 +184,4 @@ fn summaries(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels
         }
         report.check(wrong == 0 and worst <= 1e-13, "logits summary, vocab {d}, {d} rows (masked halves, ties across slices): {d} wrong max/argmax, log-sum-exp within {e:.2} relative of a compensated f64 sum", .{ vocab, rows, wrong, worst });
     }
-}
-
-fn upload(gpu: *cuda.Gpu, bytes: []const u8, diag: *Diagnostic) !cuda.gpu.DevicePtr {
-    const ptr = try gpu.alloc(bytes.len, diag);
-    errdefer gpu.free(ptr);
-    try gpu.upload(ptr, bytes, diag);
-    return ptr;
 }

@@ -17,6 +17,7 @@ const KvDtype = tf.core.KvDtype;
 const KvStore = tf.core.KvStore;
 const Diagnostic = tf.core.Diagnostic;
 const Report = @import("report.zig").Report;
+const upload = @import("device_upload.zig").upload;
 
 const page_tokens = 16;
 const contexts = [_]usize{ 1, 17, 300, 1100, 2600 };
@@ -88,9 +89,9 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
 
     const element_count = pages * kvh * page_tokens * d;
     const cache_bytes = element_count * dtype.bytes();
-    const d_keys = try put(gpu, std.mem.sliceAsBytes(keys), k.diag);
+    const d_keys = try upload(gpu, std.mem.sliceAsBytes(keys), k.diag);
     defer gpu.free(d_keys);
-    const d_values = try put(gpu, std.mem.sliceAsBytes(values), k.diag);
+    const d_values = try upload(gpu, std.mem.sliceAsBytes(values), k.diag);
     defer gpu.free(d_values);
     const d_cache_k = try gpu.alloc(cache_bytes, k.diag);
     defer gpu.free(d_cache_k);
@@ -100,11 +101,11 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
     defer gpu.free(d_exp_k);
     const d_exp_v = try gpu.alloc(element_count / d, k.diag);
     defer gpu.free(d_exp_v);
-    const d_positions = try put(gpu, std.mem.sliceAsBytes(row_positions), k.diag);
+    const d_positions = try upload(gpu, std.mem.sliceAsBytes(row_positions), k.diag);
     defer gpu.free(d_positions);
-    const d_offsets = try put(gpu, std.mem.sliceAsBytes(row_offsets), k.diag);
+    const d_offsets = try upload(gpu, std.mem.sliceAsBytes(row_offsets), k.diag);
     defer gpu.free(d_offsets);
-    const d_table = try put(gpu, std.mem.sliceAsBytes(table), k.diag);
+    const d_table = try upload(gpu, std.mem.sliceAsBytes(table), k.diag);
     defer gpu.free(d_table);
     var kv: K.Kernels.PagedKv = .{
         .cache_k = d_cache_k,
@@ -153,7 +154,7 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
         positions[s] = @intCast(context - 1);
         offsets[s] = @intCast(first_page[s]);
     }
-    const d_q = try put(gpu, std.mem.sliceAsBytes(q), k.diag);
+    const d_q = try upload(gpu, std.mem.sliceAsBytes(q), k.diag);
     defer gpu.free(d_q);
     try gpu.upload(d_positions, std.mem.sliceAsBytes(&positions), k.diag);
     try gpu.upload(d_offsets, std.mem.sliceAsBytes(&offsets), k.diag);
@@ -209,15 +210,15 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
     const pq = try gpa.alloc(f32, prompt_rows * shape.heads * d);
     defer gpa.free(pq);
     for (pq) |*v| v.* = random.floatNorm(f32);
-    const d_pq = try put(gpu, std.mem.sliceAsBytes(pq), k.diag);
+    const d_pq = try upload(gpu, std.mem.sliceAsBytes(pq), k.diag);
     defer gpu.free(d_pq);
     const d_pout = try gpu.alloc(pq.len * 4, k.diag);
     defer gpu.free(d_pout);
-    const d_tiles = try put(gpu, std.mem.sliceAsBytes(tile_table[0 .. 1 + 2 * tiles.count]), k.diag);
+    const d_tiles = try upload(gpu, std.mem.sliceAsBytes(tile_table[0 .. 1 + 2 * tiles.count]), k.diag);
     defer gpu.free(d_tiles);
-    const d_ppos = try put(gpu, std.mem.sliceAsBytes(&prompt_positions), k.diag);
+    const d_ppos = try upload(gpu, std.mem.sliceAsBytes(&prompt_positions), k.diag);
     defer gpu.free(d_ppos);
-    const d_poff = try put(gpu, std.mem.sliceAsBytes(&prompt_offsets), k.diag);
+    const d_poff = try upload(gpu, std.mem.sliceAsBytes(&prompt_offsets), k.diag);
     defer gpu.free(d_poff);
     kv.rows = prompt_rows;
     kv.positions = d_ppos;
@@ -272,10 +273,4 @@ fn referenceError(gpa: std.mem.Allocator, shape: Shape, keys: *const KvStore, va
         for (out, ours[h * d ..][0..d]) |r, o| worst = @max(worst, @abs(r - o) / vmax);
     }
     return worst;
-}
-
-fn put(gpu: *cuda.Gpu, bytes: []const u8, diag: *Diagnostic) !Ptr {
-    const p = try gpu.alloc(bytes.len, diag);
-    try gpu.upload(p, bytes, diag);
-    return p;
 }

@@ -87,14 +87,16 @@ __device__ __forceinline__ SplitRange attention_split(int length, int split) {
     return {min(split * per * kAttentionTile, length), min((split + 1) * per * kAttentionTile, length)};
 }
 
-// (max, sum, acc) ⊕= a split's (m, l, a). Rounded operations only (no contraction), so that the
-// attention kernel and the combine kernel compute the same bits.
-__device__ __forceinline__ void fold_split(float& max, float& sum, float (&acc)[4], float m, float l, const float (&a)[4]) {
+// (max, sum, acc) ⊕= a split's (m, l, a), N accumulators. Rounded operations only (no
+// contraction), so that the attention kernels and the combine kernel compute the same bits.
+template <int N>
+__device__ __forceinline__ void fold_split(float& max, float& sum, float (&acc)[N], float m, float l, const float (&a)[N]) {
     const float next = fmaxf(max, m);
     const float x = expf(max - next);  // 0 on the first split
     const float y = expf(m - next);
     sum = __fadd_rn(__fmul_rn(sum, x), __fmul_rn(l, y));
-    for (int i = 0; i < 4; ++i) acc[i] = __fadd_rn(__fmul_rn(acc[i], x), __fmul_rn(a[i], y));
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(__fmul_rn(acc[i], x), __fmul_rn(a[i], y));
     max = next;
 }
 

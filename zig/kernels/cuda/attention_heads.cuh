@@ -197,10 +197,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
 
             // O += P·V: P's C fragments are the A fragment; ldmatrix.trans gives V's B fragments.
             uint32_t ph[4], pl[4];
-            split_pair(s[0][0], s[0][1], ph[0], pl[0]);
-            split_pair(s[0][2], s[0][3], ph[1], pl[1]);
-            split_pair(s[1][0], s[1][1], ph[2], pl[2]);
-            split_pair(s[1][2], s[1][3], ph[3], pl[3]);
+            split_fragment(s[0], s[1], ph, pl);
 #pragma unroll
             for (int pair = 0; pair < kSteps; ++pair) {
                 const int position = lane % 8 + 8 * ((lane / 8) % 2);
@@ -239,13 +236,10 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
         for (int w = 0; w < kHeadsWarps; ++w) {
             if (range.begin + kHeadsChunk * w >= range.end) break;
             const float2 m = *reinterpret_cast<const float2*>(ml + 2 * (w * kHeadsM + fold_head));
-            const float next = fmaxf(split_max, m.x);
-            const float x = expf(split_max - next), y = expf(m.x - next);
-            split_sum = __fadd_rn(__fmul_rn(split_sum, x), __fmul_rn(m.y, y));
+            float part[kFoldDims];
 #pragma unroll
-            for (int i = 0; i < kFoldDims; ++i)
-                acc[i] = __fadd_rn(__fmul_rn(acc[i], x), __fmul_rn(states[(w * kHeadsM + fold_head) * D + fold_dim + i], y));
-            split_max = next;
+            for (int i = 0; i < kFoldDims; ++i) part[i] = states[(w * kHeadsM + fold_head) * D + fold_dim + i];
+            fold_split(split_max, split_sum, acc, m.x, m.y, part);
         }
         __syncthreads();  // the states are read before the next split's stages overwrite them
         const int member = member0 + fold_head;
@@ -258,15 +252,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
                 *reinterpret_cast<float4*>(part_acc + at * D + fold_dim + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
             if (threadIdx.x % 8 == 0) *reinterpret_cast<float2*>(part_ml + 2 * at) = make_float2(split_max, split_sum);
         } else {
-#pragma unroll
-            for (int i = 0; i < kFoldDims; i += 4) {
-                float part[4] = {acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
-                float mine4[4] = {folded[i], folded[i + 1], folded[i + 2], folded[i + 3]};
-                float m = folded_max, l = folded_sum;
-                fold_split(m, l, mine4, split_max, split_sum, part);
-                for (int j = 0; j < 4; ++j) folded[i + j] = mine4[j];
-                if (i + 4 >= kFoldDims) folded_max = m, folded_sum = l;
-            }
+            fold_split(folded_max, folded_sum, folded, split_max, split_sum, acc);
         }
     }
     if (spread) return;

@@ -214,10 +214,7 @@ __device__ __forceinline__ void attention_prompt(
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             uint32_t ph[4], pl[4];
-            split_pair(s[2 * k][0], s[2 * k][1], ph[0], pl[0]);
-            split_pair(s[2 * k][2], s[2 * k][3], ph[1], pl[1]);
-            split_pair(s[2 * k + 1][0], s[2 * k + 1][1], ph[2], pl[2]);
-            split_pair(s[2 * k + 1][2], s[2 * k + 1][3], ph[3], pl[3]);
+            split_fragment(s[2 * k], s[2 * k + 1], ph, pl);
 #pragma unroll
             for (int pair = 0; pair < kDimTiles / 2; ++pair) {
                 const int position = 16 * k + lane % 8 + 8 * ((lane / 8) % 2);

@@ -332,10 +332,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             // O += P·V, one step of 16 positions: P's C fragments are the A fragment; ldmatrix.trans
             // of 8 positions x 8 dims gives lane (g, t) positions 2t, 2t + 1 of dim g, the B fragment.
             uint32_t ph[4], pl[4];
-            split_pair(s[0][0], s[0][1], ph[0], pl[0]);
-            split_pair(s[0][2], s[0][3], ph[1], pl[1]);
-            split_pair(s[1][0], s[1][1], ph[2], pl[2]);
-            split_pair(s[1][2], s[1][3], ph[3], pl[3]);
+            split_fragment(s[0], s[1], ph, pl);
 #pragma unroll
             for (int pair = 0; pair < kMlaWarpTiles / 2; ++pair) {
                 const int position = lane % 8 + 8 * ((lane / 8) % 2);

@@ -24,6 +24,15 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
     lo = *reinterpret_cast<const uint32_t*>(&low);
 }
 
+// Two n8 tiles of C fragments (positions 0..7 and 8..15 of a k step) as the A fragment of the
+// next product, split into f16 high and low parts: how the attentions feed P into O += P·V.
+__device__ __forceinline__ void split_fragment(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+    split_pair(c0[0], c0[1], hi[0], lo[0]);
+    split_pair(c0[2], c0[3], hi[1], lo[1]);
+    split_pair(c1[0], c1[1], hi[2], lo[2]);
+    split_pair(c1[2], c1[3], hi[3], lo[3]);
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
