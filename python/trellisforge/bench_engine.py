@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=0.0, help="memory bandwidth per GPU (tf-bench's copy GB/s) for the roofline")
     parser.add_argument("--shared-prefix", type=int, default=0,
                         help="with the prefix cache on: the time to first token of a prompt sharing N tokens with the one before")
+    parser.add_argument("--streams", default="1,4", help="the greedy decode rows' stream counts, comma-separated")
+    parser.add_argument("--sampled-streams", type=int, default=1, help="streams of the sampled decode row (0: no such row)")
     parser.add_argument("--kv-dtype", default="f16", choices=["f32", "f16", "fp8"], help="what the KV cache stores")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
@@ -101,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     # decode_tokens would be gone before the last one started (at a 32k context, four of them
     # timed nothing).
     budget = max(engine.context_tokens_max - args.decode_context, args.decode_tokens)
-    for streams, sampling in ((1, "greedy"), (4, "greedy"), (1, "t0.7p0.95")):
+    decode_rows = [(int(n), "greedy") for n in args.streams.split(",") if n]
+    if args.sampled_streams:
+        decode_rows.append((args.sampled_streams, "t0.7p0.95"))
+    for streams, sampling in decode_rows:
         params = Sampling(max_tokens=budget)
         if sampling != "greedy":
             params = Sampling(max_tokens=budget, temperature=0.7, top_p=0.95, seed=1)

@@ -49,10 +49,8 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, copy
     defer gpu.free(b.q);
     b.out = try gpu.alloc(q_bytes, diag);
     defer gpu.free(b.out);
-    const parts = K.Kernels.AttentionParts.floats(decode_rows_max, heads, head_dim);
-    b.parts = .{ .acc = try gpu.alloc(parts.acc * 4, diag), .ml = try gpu.alloc(parts.ml * 4, diag) };
-    defer gpu.free(b.parts.acc);
-    defer gpu.free(b.parts.ml);
+    b.parts = try K.Kernels.AttentionParts.alloc(gpu, decode_rows_max, heads, head_dim, diag);
+    defer b.parts.free(gpu);
     b.positions = try gpu.alloc(prefill_rows * 4, diag);
     defer gpu.free(b.positions);
     b.table_offsets = try gpu.alloc(prefill_rows * 4, diag);

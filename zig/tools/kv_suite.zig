@@ -7,7 +7,9 @@
 //!     head_dim 128 and a 4 / 2 model at 64 (a group smaller than the 16 rows of the products);
 //!   - spread over splits and folded in the block: the same bits; each row alone and in the batch:
 //!     the same bits;
-//!   - 40 prompt rows on the prompt attention's tiles (head_dim 128) within the same bound.
+//!   - 40 prompt rows on the prompt attention's tiles (head_dim 128) within the same bound;
+//!   - all of it again at head_dim 128 in pages of 5 tokens placed in reverse order, so that a
+//!     16-position chunk of the decode kernel spans pages that are not adjacent.
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -19,11 +21,10 @@ const Diagnostic = tf.core.Diagnostic;
 const Report = @import("report.zig").Report;
 const upload = @import("device_upload.zig").upload;
 
-const page_tokens = 16;
 const contexts = [_]usize{ 1, 17, 300, 1100, 2600 };
 const tolerance = 1e-5;
 
-const Shape = struct { heads: usize, kv_heads: usize, head_dim: usize };
+const Shape = struct { heads: usize, kv_heads: usize, head_dim: usize, page_tokens: usize = 16, reversed: bool = false };
 
 pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     var diag: Diagnostic = .{};
@@ -33,7 +34,12 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     };
     defer module.unload(gpu);
     const k: K.Kernels = .{ .gpu = gpu, .module = &module, .diag = &diag };
-    for ([_]Shape{ .{ .heads = 96, .kv_heads = 8, .head_dim = 128 }, .{ .heads = 4, .kv_heads = 2, .head_dim = 64 } }) |shape| {
+    const shapes = [_]Shape{
+        .{ .heads = 96, .kv_heads = 8, .head_dim = 128 },
+        .{ .heads = 4, .kv_heads = 2, .head_dim = 64 },
+        .{ .heads = 96, .kv_heads = 8, .head_dim = 128, .page_tokens = 5, .reversed = true },
+    };
+    for (shapes) |shape| {
         for ([_]KvDtype{ .f32, .f16, .fp8 }) |dtype| {
             if (dtype == .fp8 and gpu.compute_capability < 89) continue;
             var prng = std.Random.DefaultPrng.init(0xca5e + shape.head_dim);
@@ -45,11 +51,14 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
 fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Random, shape: Shape, dtype: KvDtype, report: *Report) !void {
     const d = shape.head_dim;
     const kvh = shape.kv_heads;
+    const page_tokens = shape.page_tokens;
+    var label_buffer: [64]u8 = undefined;
+    const label = std.fmt.bufPrint(&label_buffer, "{s} head_dim {d}{s}", .{ dtype.name(), d, if (shape.reversed) ", pages of 5 reversed" else "" }) catch unreachable;
     var total: usize = 0;
     var first_page: [contexts.len]usize = undefined;
     for (contexts, 0..) |context, s| {
         first_page[s] = total / page_tokens;
-        total += std.mem.alignForward(usize, context, page_tokens);
+        total += std.mem.alignForwardAnyAlign(usize, context, page_tokens);
     }
     const pages = total / page_tokens;
     // Every position of every sequence as a store row: keys and values over several binades.
@@ -73,7 +82,7 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
     defer gpa.free(row_offsets);
     const table = try gpa.alloc(u32, pages);
     defer gpa.free(table);
-    for (table, 0..) |*p, i| p.* = @intCast(i);
+    for (table, 0..) |*p, i| p.* = @intCast(if (shape.reversed) pages - 1 - i else i);
     for (row_positions, row_offsets, 0..) |*position, *offset, r| {
         position.* = @intCast(r); // row r: slot r of the flat page table, every page in order
         offset.* = 0;
@@ -83,8 +92,8 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
     var host_v = try KvStore.init(gpa, dtype, pages, 1, kvh, page_tokens, d);
     defer host_v.deinit(gpa);
     for (0..total) |r| for (0..kvh) |h| {
-        host_k.put(@intCast(r / page_tokens), 0, h, r % page_tokens, keys[(r * kvh + h) * d ..][0..d]);
-        host_v.put(@intCast(r / page_tokens), 0, h, r % page_tokens, values[(r * kvh + h) * d ..][0..d]);
+        host_k.put(table[r / page_tokens], 0, h, r % page_tokens, keys[(r * kvh + h) * d ..][0..d]);
+        host_v.put(table[r / page_tokens], 0, h, r % page_tokens, values[(r * kvh + h) * d ..][0..d]);
     };
 
     const element_count = pages * kvh * page_tokens * d;
@@ -141,7 +150,7 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
             .f32 => |h| same = same and std.mem.eql(u8, stored, std.mem.sliceAsBytes(h)),
         }
     }
-    report.check(same, "{s} head_dim {d}: tf_qk_rope_store's {d} positions x {d} heads equal KvStore.put's bytes", .{ dtype.name(), d, total, kvh });
+    report.check(same, "{s}: tf_qk_rope_store's {d} positions x {d} heads equal KvStore.put's bytes", .{ label, total, kvh });
 
     // Decode rows: row s is the last position of sequence s (its own pages).
     const rows = contexts.len;
@@ -160,10 +169,8 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
     try gpu.upload(d_offsets, std.mem.sliceAsBytes(&offsets), k.diag);
     const d_out = try gpu.alloc(rows * shape.heads * d * 4, k.diag);
     defer gpu.free(d_out);
-    const parts_size = K.Kernels.AttentionParts.floats(rows, shape.heads, d);
-    const parts: K.Kernels.AttentionParts = .{ .acc = try gpu.alloc(parts_size.acc * 4, k.diag), .ml = try gpu.alloc(parts_size.ml * 4, k.diag) };
-    defer gpu.free(parts.acc);
-    defer gpu.free(parts.ml);
+    const parts = try K.Kernels.AttentionParts.alloc(gpu, rows, shape.heads, d, k.diag);
+    defer parts.free(gpu);
     kv.heads = shape.heads;
     kv.rows = rows;
     const whole = try gpa.alloc(f32, rows * shape.heads * d);
@@ -179,8 +186,8 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
         const err = try referenceError(gpa, shape, &host_k, &host_v, table[offsets[r]..], positions[r], q[r * shape.heads * d ..][0 .. shape.heads * d], spread[r * shape.heads * d ..][0 .. shape.heads * d]);
         worst = @max(worst, err);
     }
-    report.check(worst <= tolerance, "{s} head_dim {d}: decode rows of contexts 1..2600 vs float64: max error {e:.2} ({d:.2} x tol {e})", .{ dtype.name(), d, worst, worst / tolerance, tolerance });
-    report.check(std.mem.eql(u32, @ptrCast(whole), @ptrCast(spread)), "{s} head_dim {d}: spread over splits and folded in the block give the same bits", .{ dtype.name(), d });
+    report.check(worst <= tolerance, "{s}: decode rows of contexts 1..2600 vs float64: max error {e:.2} ({d:.2} x tol {e})", .{ label, worst, worst / tolerance, tolerance });
+    report.check(std.mem.eql(u32, @ptrCast(whole), @ptrCast(spread)), "{s}: spread over splits and folded in the block give the same bits", .{label});
     var alone_same = true;
     for (0..rows) |r| {
         var single = kv;
@@ -192,7 +199,7 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
         try gpu.download(std.mem.sliceAsBytes(alone), d_out, k.diag);
         alone_same = alone_same and std.mem.eql(u32, @ptrCast(alone), @ptrCast(spread[r * shape.heads * d ..][0 .. shape.heads * d]));
     }
-    report.check(alone_same, "{s} head_dim {d}: every row alone equals its row in the batch, bit for bit", .{ dtype.name(), d });
+    report.check(alone_same, "{s}: every row alone equals its row in the batch, bit for bit", .{label});
 
     if (d != K.Kernels.prompt_attention_head_dim) return;
     // 40 prompt rows: positions 260..299 of the 300-token sequence, in tiles of 16.
@@ -232,12 +239,13 @@ fn runShape(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: K.Kernels, random: std.Ra
         const err = try referenceError(gpa, shape, &host_k, &host_v, table[first_page[s]..], prompt_positions[r], pq[r * shape.heads * d ..][0 .. shape.heads * d], pout[r * shape.heads * d ..][0 .. shape.heads * d]);
         worst = @max(worst, err);
     }
-    report.check(worst <= tolerance, "{s} head_dim {d}: 40 prompt rows on the tiles vs float64: max error {e:.2} ({d:.2} x tol {e})", .{ dtype.name(), d, worst, worst / tolerance, tolerance });
+    report.check(worst <= tolerance, "{s}: 40 prompt rows on the tiles vs float64: max error {e:.2} ({d:.2} x tol {e})", .{ label, worst, worst / tolerance, tolerance });
 }
 
 /// max |ours - ref| / max |v| over one row's heads, the reference in float64 over the stored values.
 fn referenceError(gpa: std.mem.Allocator, shape: Shape, keys: *const KvStore, values: *const KvStore, table: []const u32, position: u32, q: []const f32, ours: []const f32) !f64 {
     const d = shape.head_dim;
+    const page_tokens = shape.page_tokens;
     const length = position + 1;
     const scores = try gpa.alloc(f64, length);
     defer gpa.free(scores);

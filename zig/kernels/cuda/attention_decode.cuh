@@ -87,6 +87,13 @@ __device__ __forceinline__ SplitRange attention_split(int length, int split) {
     return {min(split * per * kAttentionTile, length), min((split + 1) * per * kAttentionTile, length)};
 }
 
+// The splits with positions: they start before the end, and every one after the first empty is empty.
+__device__ __forceinline__ int attention_live_splits(int length) {
+    const int tiles = (length + kAttentionTile - 1) / kAttentionTile;
+    const int span = (tiles + kAttentionSplits - 1) / kAttentionSplits * kAttentionTile;
+    return (length + span - 1) / span;
+}
+
 // (max, sum, acc) ⊕= a split's (m, l, a), N accumulators. Rounded operations only (no
 // contraction), so that the attention kernels and the combine kernel compute the same bits.
 template <int N>
@@ -216,28 +223,51 @@ extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restr
     }
 }
 
-// The fold of tf_attention's split partials: a thread per (row, query head, 4 dims).
-extern "C" __global__ void tf_attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                                const uint32_t* __restrict__ positions, const int* __restrict__ skip,
-                                                float* __restrict__ out, int rows, int heads, int head_dim) {
-    const int quads = head_dim / 4;
-    const int task = blockIdx.x * blockDim.x + threadIdx.x;
-    if (task >= rows * heads * quads) return;
-    const int row = task / (heads * quads);
-    const int h = (task / quads) % heads;
-    const int d = 4 * (task % quads);
-    if (skip && skip[row]) return;
+// The fold of tf_attention's split partials: a block per (row, query head), a thread per dim. Warp
+// 0 turns the 32 splits' (max, sum) into each split's two fold factors at once (the running max
+// before split s is the max over splits < s: a scan); then every thread folds the sums and its
+// dim's partials left to right with those factors, its loads issued together: the operations of
+// fold_split in its order, so the bits equal the block's own fold.
+static_assert(kAttentionSplits == kWarp, "a lane per split");
+extern "C" __global__ void __launch_bounds__(128) tf_attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                                                     const uint32_t* __restrict__ positions, const int* __restrict__ skip,
+                                                                     float* __restrict__ out, int rows, int heads, int head_dim) {
+    __shared__ float factors[3][kAttentionSplits];  // per split: the old fold's factor, the split's, its sum
+    const int row = blockIdx.x / heads;
+    const int h = blockIdx.x % heads;
+    if (row >= rows || (skip && skip[row])) return;
     const int length = static_cast<int>(positions[row]) + 1;
-    float folded_max = -INFINITY, folded_sum = 0.f;
-    float folded[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int split = 0; split < kAttentionSplits; ++split) {
-        const SplitRange range = attention_split(length, split);
-        if (range.begin >= range.end) break;
-        const size_t at = (static_cast<size_t>(row) * heads + h) * kAttentionSplits + split;
-        const float4 a4 = *reinterpret_cast<const float4*>(part_acc + at * head_dim + d);
-        const float2 ml = *reinterpret_cast<const float2*>(part_ml + 2 * at);
-        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
-        fold_split(folded_max, folded_sum, folded, ml.x, ml.y, a);
+    const size_t first = (static_cast<size_t>(row) * heads + h) * kAttentionSplits;
+    const int live = attention_live_splits(length);
+    const bool mine = static_cast<int>(threadIdx.x) < head_dim;
+    float a[kAttentionSplits];
+#pragma unroll
+    for (int split = 0; split < kAttentionSplits; ++split)
+        a[split] = split < live && mine ? part_acc[(first + split) * head_dim + threadIdx.x] : 0.f;
+    if (threadIdx.x < kWarp) {
+        const int lane = threadIdx.x;
+        const float2 ml = lane < live ? reinterpret_cast<const float2*>(part_ml)[first + lane] : make_float2(-INFINITY, 0.f);
+        float running = ml.x;  // inclusive max scan: fold_split's `next` at this split
+#pragma unroll
+        for (int offset = 1; offset < kWarp; offset *= 2) {
+            const float other = __shfl_up_sync(0xFFFFFFFFu, running, offset);
+            if (lane >= offset) running = fmaxf(running, other);
+        }
+        float before = __shfl_up_sync(0xFFFFFFFFu, running, 1);  // fold_split's `max` at this split
+        if (lane == 0) before = -INFINITY;
+        factors[0][lane] = expf(before - running);
+        factors[1][lane] = expf(ml.x - running);
+        factors[2][lane] = ml.y;
     }
-    *reinterpret_cast<float4*>(out + (static_cast<size_t>(row) * heads + h) * head_dim + d) = fold_result(folded, folded_sum);
+    __syncthreads();
+    if (!mine) return;
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int split = 0; split < kAttentionSplits; ++split)
+        if (split < live) {
+            const float x = factors[0][split], y = factors[1][split];
+            sum = __fadd_rn(__fmul_rn(sum, x), __fmul_rn(factors[2][split], y));
+            acc = __fadd_rn(__fmul_rn(acc, x), __fmul_rn(a[split], y));
+        }
+    out[(static_cast<size_t>(row) * heads + h) * head_dim + threadIdx.x] = __fdiv_rn(acc, sum);
 }

@@ -6,9 +6,17 @@
 // position is read from shared memory once per head of the group (12 for GLM-4.5), which bounds it
 // at ~25% of copy. Here a block per (row, KV head, 16 heads of its group) and a warp per 16-position
 // chunk: S = Q·Kᵀ (16 heads x 16 positions), an online softmax on the fragments, O += P·V, each
-// staged position serving all 16 heads. The cache's f16 values are the B operands as they are
-// (fp8: widened with their scale into exact f16 first); the f32 query and probabilities ride as f16
-// high and low parts, so each product is ~2^-22 relative, as in the prompt attention.
+// staged position serving all 16 heads. The f32 query and probabilities ride as f16 high and low
+// parts, so each product is ~2^-22 relative to the stored values, as in the prompt attention.
+//
+// The stored bytes go to shared memory as they are (cp.async, kStages chunks in flight per warp)
+// and from there straight into B fragments: f16 rows by ldmatrix; fp8 codes by ldmatrix over code
+// pairs, widened in registers (e4m3 is a subset of f16). fp8's scales are powers of two, so they are
+// applied where they cost least and round nothing: a key's scale multiplies its column of S (f32),
+// a value's its f16 pair in the B fragment (code x 2^e is an exact f16, kv_store.cuh). A lane's
+// fp8 K fragment holds dims 4t..4t+3 of its position (ldmatrix gives code pairs), so the query's A
+// fragment takes the same dims; its V fragments pair positions 2t, 2t+1 per dim (ldmatrix.trans
+// over code pairs, then a byte permute), so output tile 2b + p holds dims 16b + 2j + p.
 //
 // A row's positions fall into tf_attention's splits (attention_split, by its length alone); within a
 // split, warp w takes chunks w, w + 4, .. and keeps its own online softmax, and the 4 warps' states
@@ -23,22 +31,33 @@
 constexpr int kHeadsWarps = 4;
 constexpr int kHeadsChunk = 16;  // positions per warp step: one k step of P·V
 constexpr int kHeadsM = 16;      // query heads per block
-// A warp's shared memory: two stages of its chunk's K and V rows as f16 (pitch D + 8 halves:
-// 272-byte rows for D = 128, ldmatrix rows in distinct banks); fp8 stages its codes in the second
-// half and widens them into the first.
-template <int D>
-__host__ __device__ constexpr int heads_pitch() { return D + 8; }
-template <int D>
-__host__ __device__ constexpr int heads_warp_bytes() { return 2 * 2 * kHeadsChunk * heads_pitch<D>() * 2; }
-constexpr int kHeadsSharedBytes = kHeadsWarps * heads_warp_bytes<128>();
-static_assert(kHeadsSharedBytes == 69632, "the launch's size: heads_attention_shared_bytes in glm_kernels.zig");
-static_assert(kHeadsWarps * heads_warp_bytes<128>() >= kHeadsWarps * (kHeadsM * 128 + 2 * kHeadsM) * 4, "the warps' states fit for the fold");
 
-// d += (ah + al)·b: an f32 A operand split in two, an exact f16 B operand (tile n of an x4 load).
-__device__ __forceinline__ void mma_exact_b(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&b)[4], int n) {
-    const uint32_t pair[2] = {b[2 * n], b[2 * n + 1]};
-    tf::mma_16816(d, ah, pair);
-    tf::mma_16816(d, al, pair);
+// A warp's shared memory: kStages chunks of K then V rows as stored, each row padded by 16 bytes
+// (ldmatrix's 8 rows land in distinct banks). fp8 rows are half as long, so it keeps a chunk more
+// in flight in less memory; both fit sm_12x's 99 KB per block.
+template <int D, int kDtype>
+struct HeadsTile {
+    static constexpr int kRowBytes = D * (kDtype == tf::kKvF16 ? 2 : 1);
+    static constexpr int kPitch = kRowBytes + 16;
+    static constexpr int kPieces = kRowBytes / 16;  // 16-byte copies per row
+    static constexpr int kPlaneBytes = kHeadsChunk * kPitch;
+    static constexpr int kStages = kDtype == tf::kKvF16 ? 2 : 3;
+    static constexpr int kWarpBytes = kStages * 2 * kPlaneBytes;
+    static constexpr int kSharedBytes = kHeadsWarps * kWarpBytes;
+    // After the last chunk the same memory holds the warps' states for their fold.
+    static_assert(kSharedBytes >= kHeadsWarps * (kHeadsM * D + 2 * kHeadsM) * 4, "the warps' states fit for the fold");
+    static_assert(kPieces % 2 == 0, "fp8's copy order: a lane takes every other piece of its row");
+};
+// The launch's sizes: headsAttentionSharedBytes in glm_kernels.zig.
+static_assert(HeadsTile<128, tf::kKvF16>::kSharedBytes == 69632, "headsAttentionSharedBytes(128, .f16)");
+static_assert(HeadsTile<64, tf::kKvF16>::kSharedBytes == 36864, "headsAttentionSharedBytes(64, .f16)");
+static_assert(HeadsTile<128, tf::kKvFp8>::kSharedBytes == 55296, "headsAttentionSharedBytes(128, .fp8)");
+static_assert(HeadsTile<64, tf::kKvFp8>::kSharedBytes == 30720, "headsAttentionSharedBytes(64, .fp8)");
+
+// d += (ah + al)·b: an f32 A operand split in two, an exact f16 B operand.
+__device__ __forceinline__ void mma_exact_b(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&b)[2]) {
+    tf::mma_16816(d, ah, b);
+    tf::mma_16816(d, al, b);
 }
 
 template <int D, int kDtype>
@@ -49,11 +68,12 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
                                                 float* __restrict__ part_acc, float* __restrict__ part_ml, int rows, int heads, int kv_heads,
                                                 int layers, int layer, int page_tokens) {
     using namespace tf;
-    constexpr int kPitch = heads_pitch<D>();
+    using Tile = HeadsTile<D, kDtype>;
+    constexpr bool kF16 = kDtype == kKvF16;
+    constexpr int kStages = Tile::kStages;
+    constexpr int kPitch = Tile::kPitch;
     constexpr int kSteps = D / 16;
     constexpr int kDimTiles = D / 8;
-    constexpr int kRowBytes = D * (kDtype == kKvF16 ? 2 : 1);
-    constexpr int kPieces = kRowBytes / 16;  // 16-byte copies per cached row
     extern __shared__ __align__(16) unsigned char heads_shared[];
     const int row = blockIdx.x / kv_heads;
     const int kv = blockIdx.x % kv_heads;
@@ -71,12 +91,11 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
     const bool live_a = member0 + g < group, live_b = member0 + g + 8 < group;
     const int head_a = kv * group + member0 + g, head_b = head_a + 8;
     const uint32_t* table = tables + table_offsets[row];
-    unsigned char* mine = heads_shared + warp * heads_warp_bytes<D>();
-    auto planes = reinterpret_cast<half(*)[2][kHeadsChunk][kPitch]>(mine);  // [stage][K/V][position][dim]
-    // fp8: codes land in stage 1's planes ([K/V][position][kRowBytes]); stage 0's are the widened rows.
-    unsigned char* codes = reinterpret_cast<unsigned char*>(&planes[1][0][0][0]);
+    unsigned char* mine = heads_shared + warp * Tile::kWarpBytes;
+    const auto plane = [&](int stage, int which) { return mine + (2 * stage + which) * Tile::kPlaneBytes; };
 
-    // Q·(1/sqrt(D)) as A fragments: register r of step k holds (head g or g + 8, dims 16k + 2t (+8 for r >= 2)).
+    // Q·(1/sqrt(D)) as A fragments: register r of step k holds head g (r even) or g + 8 (r odd) at
+    // dims 16k + 2t (+8 for r >= 2) for f16, 16k + 4t (+2 for r >= 2) for fp8 (its K fragments).
     uint32_t qa[kSteps][2][4];
     const float scale = rsqrtf(static_cast<float>(D));
 #pragma unroll
@@ -85,7 +104,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
         for (int r = 0; r < 4; ++r) {
             const bool live = r % 2 == 0 ? live_a : live_b;
             const int h = r % 2 == 0 ? head_a : head_b;
-            const int dim = 16 * k + 2 * t + 8 * (r / 2);
+            const int dim = kF16 ? 16 * k + 2 * t + 8 * (r / 2) : 16 * k + 4 * t + 2 * (r / 2);
             float2 v = make_float2(0.f, 0.f);
             if (live) v = *reinterpret_cast<const float2*>(q + (static_cast<size_t>(row) * heads + h) * D + dim);
             split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
@@ -100,38 +119,51 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
 #pragma unroll
     for (int i = 0; i < kFoldDims; ++i) folded[i] = 0.f;
 
+    // Copies of chunk c's 16 rows, task i of lane l: f16, the 16-byte piece (l + 32i) % pieces of
+    // row (l + 32i) / pieces (a warp's copy covers whole rows: at 32k, 61 -> 43 us per layer on an
+    // H200 against the other order); fp8, piece l / 16 + 2i of row l % 16 (a lane stays on one
+    // row, two lanes fill a sector; the two orders measured within 10% for fp8, this one ahead;
+    // docs/measurements.md). fp8: lane l < 16 also loads row l's K exponent, lane 16 + l its V's.
     for (int split = split_first; split < split_end; ++split) {
         const SplitRange range = attention_split(length, split);
         if (range.begin >= range.end) break;  // the splits after an empty one are empty too
         // Chunk c of this warp starts at range.begin + 16·(warp + 4c).
         const auto chunk_start = [&](int c) { return range.begin + kHeadsChunk * (warp + kHeadsWarps * c); };
-        const auto cache_element = [&](int p) {
-            return ((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens;
+        const auto cache_element = [&](uint32_t page, int p) {
+            return ((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens;
         };
-        // fp8: lane j < 16 holds the exponent of K at the chunk's position j, lane 16 + j V's,
-        // loaded when the chunk's codes are issued and read (shuffled) when they are widened.
-        int8_t exponent = 0;
+        // The page of the chunk issued next, loaded a chunk ahead so that no copy waits on it.
+        uint32_t next_page = table[chunk_start(0) / page_tokens];
+        // fp8: the exponents of the chunks in flight, oldest first, and in the last slot the one
+        // issue() just loaded (constant indices: registers).
+        int exps[kStages] = {};
         const auto issue = [&](int c) {
-            const int p0 = chunk_start(c);
-            const int stage = kDtype == kKvF16 ? c % 2 : 1;
-            if constexpr (kDtype == kKvFp8) {
-                const int j = lane % kHeadsChunk;
-                exponent = p0 + j < range.end ? (lane < kHeadsChunk ? exp_k : exp_v)[cache_element(p0 + j)] : 0;
-            }
+            const int first = chunk_start(c);
+            // Within one page (always, when pages are a multiple of 16 tokens) the chunk's rows are
+            // consecutive elements; otherwise each row finds its own page.
+            const bool one_page = first % page_tokens + kHeadsChunk <= page_tokens;
+            const size_t first_element = cache_element(next_page, first);
+            const auto element_of = [&](int j) {
+                return one_page ? first_element + j : cache_element(table[(first + j) / page_tokens], first + j);
+            };
+            unsigned char* k_stage = plane(c % kStages, 0);
+            unsigned char* v_stage = plane(c % kStages, 1);
 #pragma unroll
-            for (int task = lane; task < kHeadsChunk * kPieces; task += kWarp) {
-                const int j = task / kPieces, piece = task % kPieces;
-                const bool valid = p0 + j < range.end;
-                const size_t at = valid ? cache_element(p0 + j) * kRowBytes + 16 * piece : 0;
-                if constexpr (kDtype == kKvF16) {
-                    copy16_async(&planes[stage][0][j][8 * piece], static_cast<const unsigned char*>(cache_k) + at, valid);
-                    copy16_async(&planes[stage][1][j][8 * piece], static_cast<const unsigned char*>(cache_v) + at, valid);
-                } else {
-                    copy16_async(codes + (0 * kHeadsChunk + j) * kRowBytes + 16 * piece, static_cast<const unsigned char*>(cache_k) + at, valid);
-                    copy16_async(codes + (1 * kHeadsChunk + j) * kRowBytes + 16 * piece, static_cast<const unsigned char*>(cache_v) + at, valid);
-                }
+            for (int i = 0; i < kHeadsChunk * Tile::kPieces / kWarp; ++i) {
+                const int task = lane + kWarp * i;
+                const int j = kF16 ? task / Tile::kPieces : lane % kHeadsChunk;
+                const int piece = kF16 ? task % Tile::kPieces : lane / kHeadsChunk + 2 * i;
+                const bool valid = first + j < range.end;
+                const size_t at = valid ? element_of(j) * Tile::kRowBytes + 16 * piece : 0;
+                copy16_async(k_stage + j * kPitch + 16 * piece, static_cast<const unsigned char*>(cache_k) + at, valid);
+                copy16_async(v_stage + j * kPitch + 16 * piece, static_cast<const unsigned char*>(cache_v) + at, valid);
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
+            if constexpr (!kF16) {
+                const int j = lane % kHeadsChunk;
+                exps[kStages - 1] = first + j < range.end ? (lane < kHeadsChunk ? exp_k : exp_v)[element_of(j)] : 0;
+            }
+            if (chunk_start(c + 1) < range.end) next_page = table[chunk_start(c + 1) / page_tokens];
         };
 
         float o[kDimTiles][4];
@@ -141,71 +173,130 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
             for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
         float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
         const bool any = chunk_start(0) < range.end;
-        if (any) issue(0);
+        // Chunks 0 .. kStages - 2 in flight before the first is used (an empty group past the end).
+#pragma unroll
+        for (int c = 0; c < kStages - 1; ++c) {
+            if (chunk_start(c) < range.end) {
+                issue(c);
+            } else {
+                asm volatile("cp.async.commit_group;\n" ::: "memory");
+            }
+            if constexpr (!kF16) {
+#pragma unroll
+                for (int i = 0; i + 1 < kStages; ++i) exps[i] = exps[i + 1];
+            }
+        }
         for (int c = 0; chunk_start(c) < range.end; ++c) {
             const int p0 = chunk_start(c);
-            int stage = c % 2;
-            if constexpr (kDtype == kKvF16) {
-                if (chunk_start(c + 1) < range.end) issue(c + 1);
-                else asm volatile("cp.async.commit_group;\n" ::: "memory");
-                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-                __syncwarp();
+            const int current = exps[0];  // this chunk's exponent (fp8)
+            if (chunk_start(c + kStages - 1) < range.end) {
+                issue(c + kStages - 1);
             } else {
-                // fp8: widen this chunk's codes into stage 0 with their positions' scales, then
-                // bring the next chunk's codes while the products run.
-                stage = 0;
-                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-                __syncwarp();
-                const int8_t exponents = exponent;  // this chunk's, before issue() loads the next's
-#pragma unroll 4
-                for (int task = lane; task < 2 * kHeadsChunk * (D / 8); task += kWarp) {
-                    const int which = task / (kHeadsChunk * (D / 8));
-                    const int j = (task / (D / 8)) % kHeadsChunk;
-                    const int d = 8 * (task % (D / 8));
-                    const int8_t e = static_cast<int8_t>(__shfl_sync(0xFFFFFFFFu, static_cast<int>(exponents), which * kHeadsChunk + j));
-                    const __half2 s = fp8_scale_pair(e);
-                    const uint2 raw = *reinterpret_cast<const uint2*>(codes + (which * kHeadsChunk + j) * kRowBytes + d);
-                    uint4 wide;
-                    wide.x = fp8_pair_to_halves(static_cast<uint16_t>(raw.x), s);
-                    wide.y = fp8_pair_to_halves(static_cast<uint16_t>(raw.x >> 16), s);
-                    wide.z = fp8_pair_to_halves(static_cast<uint16_t>(raw.y), s);
-                    wide.w = fp8_pair_to_halves(static_cast<uint16_t>(raw.y >> 16), s);
-                    *reinterpret_cast<uint4*>(&planes[0][which][j][d]) = wide;
-                }
-                __syncwarp();
-                if (chunk_start(c + 1) < range.end) issue(c + 1);
+                asm volatile("cp.async.commit_group;\n" ::: "memory");
             }
+            if constexpr (!kF16) {
+#pragma unroll
+                for (int i = 0; i + 1 < kStages; ++i) exps[i] = exps[i + 1];
+            }
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+            __syncwarp();
+            const unsigned char* k_plane = plane(c % kStages, 0);
+            const unsigned char* v_plane = plane(c % kStages, 1);
+            // x4 loads take matrices (positions 0-7, piece b), (8-15, b), (0-7, b + 1), (8-15, b + 1).
+            const unsigned char* k_lane = k_plane + (lane % kHeadsChunk) * kPitch + 16 * (lane / kHeadsChunk);
+            const unsigned char* v_lane = v_plane + (lane % kHeadsChunk) * kPitch + 16 * (lane / kHeadsChunk);
 
-            // S = Q·Kᵀ: ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
+            // S = Q·Kᵀ; entries (n, 0..1) are head a's positions p0 + 8n + 2t + e, (n, 2..3) head b's.
             float s[2][4] = {};
+            if constexpr (kF16) {
+                // ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
 #pragma unroll
-            for (int k = 0; k < kSteps; ++k) {
-                const int position = lane % 8 + 8 * (lane / 16);
-                const int dim = 16 * k + 8 * ((lane / 8) % 2);
-                uint32_t kf[4];
-                ldmatrix_x4(kf, &planes[stage][0][position][dim]);
+                for (int k = 0; k < kSteps; ++k) {
+                    const int position = lane % 8 + 8 * (lane / 16);
+                    const int dim = 16 * k + 8 * ((lane / 8) % 2);
+                    uint32_t kf[4];
+                    ldmatrix_x4(kf, k_plane + position * kPitch + 2 * dim);
 #pragma unroll
-                for (int n = 0; n < 2; ++n) mma_exact_b(s[n], qa[k][0], qa[k][1], kf, n);
+                    for (int n = 0; n < 2; ++n) {
+                        const uint32_t b[2] = {kf[2 * n], kf[2 * n + 1]};
+                        mma_exact_b(s[n], qa[k][0], qa[k][1], b);
+                    }
+                }
+            } else {
+                // Code pairs: matrix (positions 8n.., piece k) gives lane (g, t) position 8n + g,
+                // dims 16k + 4t .. 4t + 3, i.e. B rows 2t, 2t + 1 and 2t + 8, 2t + 9 of step k.
+#pragma unroll
+                for (int k = 0; k < kSteps; k += 2) {
+                    uint32_t codes[4];
+                    ldmatrix_x4(codes, k_lane + 16 * k);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int n = 0; n < 2; ++n) {
+                            const uint32_t c4 = codes[2 * h + n];
+                            const uint32_t b[2] = {fp8_pair_to_halves(static_cast<uint16_t>(c4)), fp8_pair_to_halves(static_cast<uint16_t>(c4 >> 16))};
+                            mma_exact_b(s[n], qa[k + h][0], qa[k + h][1], b);
+                        }
+                }
+                // Each column times its key's scale: lane j < 16 holds position j's exponent.
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float key_scale = pow2f(__shfl_sync(0xFFFFFFFFu, current, 8 * n + 2 * t + e));
+                        s[n][e] *= key_scale;
+                        s[n][2 + e] *= key_scale;
+                    }
             }
-            // Entries (n, 0..1) are head a's positions p0 + 8n + 2t + e, (n, 2..3) head b's.
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (p0 + 8 * n + 2 * t + e >= range.end) s[n][e] = s[n][2 + e] = -INFINITY;
-            online_softmax(s, o, max_a, max_b, sum_a, sum_b);
+            online_softmax<2, kDimTiles, true>(s, o, max_a, max_b, sum_a, sum_b);
 
-            // O += P·V: P's C fragments are the A fragment; ldmatrix.trans gives V's B fragments.
+            // O += P·V: P's C fragments are the A fragment.
             uint32_t ph[4], pl[4];
             split_fragment(s[0], s[1], ph, pl);
+            if constexpr (kF16) {
+                // ldmatrix.trans gives V's B fragments.
 #pragma unroll
-            for (int pair = 0; pair < kSteps; ++pair) {
-                const int position = lane % 8 + 8 * ((lane / 8) % 2);
-                const int dim = 16 * pair + 8 * (lane / 16);
-                uint32_t vf[4];
-                ldmatrix_x4_trans(vf, &planes[stage][1][position][dim]);
+                for (int pair = 0; pair < kSteps; ++pair) {
+                    const int position = lane % 8 + 8 * ((lane / 8) % 2);
+                    const int dim = 16 * pair + 8 * (lane / 16);
+                    uint32_t vf[4];
+                    ldmatrix_x4_trans(vf, v_plane + position * kPitch + 2 * dim);
 #pragma unroll
-                for (int n = 0; n < 2; ++n) mma_exact_b(o[2 * pair + n], ph, pl, vf, n);
+                    for (int n = 0; n < 2; ++n) {
+                        const uint32_t b[2] = {vf[2 * n], vf[2 * n + 1]};
+                        mma_exact_b(o[2 * pair + n], ph, pl, b);
+                    }
+                }
+            } else {
+                // ldmatrix.trans over code pairs gives lane (g, t), per matrix, positions 2t, 2t + 1
+                // (+8) at dims 16b + 2g, 2g + 1; a byte permute pairs the positions per dim. Each
+                // pair times its positions' scales (lanes 16 + j hold the V exponents).
+                const __half2 low_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 16 + 2 * t), __shfl_sync(0xFFFFFFFFu, current, 17 + 2 * t));
+                const __half2 high_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 24 + 2 * t), __shfl_sync(0xFFFFFFFFu, current, 25 + 2 * t));
+                const auto widen = [](uint32_t codes, __half2 scales) {
+                    const uint32_t wide = fp8_pair_to_halves(static_cast<uint16_t>(codes));
+                    const __half2 value = __hmul2(*reinterpret_cast<const __half2*>(&wide), scales);
+                    return *reinterpret_cast<const uint32_t*>(&value);
+                };
+#pragma unroll
+                for (int b = 0; b < kSteps; b += 2) {
+                    uint32_t codes[4];
+                    ldmatrix_x4_trans(codes, v_lane + 16 * b);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t low = __byte_perm(codes[2 * h], 0, 0x3120);       // positions 2t, 2t + 1
+                        const uint32_t high = __byte_perm(codes[2 * h + 1], 0, 0x3120);  // positions 2t + 8, 2t + 9
+                        const uint32_t even[2] = {widen(low & 0xFFFFu, low_scales), widen(high & 0xFFFFu, high_scales)};
+                        const uint32_t odd[2] = {widen(low >> 16, low_scales), widen(high >> 16, high_scales)};
+                        mma_exact_b(o[2 * (b + h)], ph, pl, even);
+                        mma_exact_b(o[2 * (b + h) + 1], ph, pl, odd);
+                    }
+                }
             }
             __syncwarp();  // every lane is done with this stage before it is refilled
         }
@@ -218,10 +309,17 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
         float* ml = states + kHeadsWarps * kHeadsM * D;
         const float total_a = quad_sum(sum_a), total_b = quad_sum(sum_b);
         if (any) {
+            float* state_a = states + (warp * kHeadsM + g) * D;
+            float* state_b = state_a + 8 * D;
 #pragma unroll
             for (int n = 0; n < kDimTiles; ++n) {
-                *reinterpret_cast<float2*>(states + (warp * kHeadsM + g) * D + 8 * n + 2 * t) = make_float2(o[n][0], o[n][1]);
-                *reinterpret_cast<float2*>(states + (warp * kHeadsM + g + 8) * D + 8 * n + 2 * t) = make_float2(o[n][2], o[n][3]);
+                // Tile n's columns 2t, 2t + 1: f16 dims 8n + 2t (+1); fp8 16(n / 2) + 4t + n % 2 (+2).
+                const int dim = kF16 ? 8 * n + 2 * t : 16 * (n / 2) + 4 * t + n % 2;
+                const int next = kF16 ? 1 : 2;
+                state_a[dim] = o[n][0];
+                state_a[dim + next] = o[n][1];
+                state_b[dim] = o[n][2];
+                state_b[dim + next] = o[n][3];
             }
             if (t == 0) {
                 *reinterpret_cast<float2*>(ml + 2 * (warp * kHeadsM + g)) = make_float2(max_a, total_a);
@@ -274,8 +372,8 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
 #define TF_HEADS_PASS q, cache_k, cache_v, exp_k, exp_v, positions, tables, table_offsets, skip, out, part_acc, part_ml, rows, heads, kv_heads, layers, layer, page_tokens
 
 // Grid: (rows x kv_heads, splits or 1, ceil(group / 16)); block: 128 threads; dynamic shared
-// memory kHeadsSharedBytes. Named by head_dim and stored dtype.
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps) tf_attention_heads_128_f16(TF_HEADS_ARGS) { attention_heads<128, tf::kKvF16>(TF_HEADS_PASS); }
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps) tf_attention_heads_128_fp8(TF_HEADS_ARGS) { attention_heads<128, tf::kKvFp8>(TF_HEADS_PASS); }
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps) tf_attention_heads_64_f16(TF_HEADS_ARGS) { attention_heads<64, tf::kKvF16>(TF_HEADS_PASS); }
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps) tf_attention_heads_64_fp8(TF_HEADS_ARGS) { attention_heads<64, tf::kKvFp8>(TF_HEADS_PASS); }
+// memory HeadsTile<D, dtype>::kSharedBytes. Named by head_dim and stored dtype.
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_128_f16(TF_HEADS_ARGS) { attention_heads<128, tf::kKvF16>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_128_fp8(TF_HEADS_ARGS) { attention_heads<128, tf::kKvFp8>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_64_f16(TF_HEADS_ARGS) { attention_heads<64, tf::kKvF16>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_64_fp8(TF_HEADS_ARGS) { attention_heads<64, tf::kKvFp8>(TF_HEADS_PASS); }

@@ -43,9 +43,20 @@ __device__ __forceinline__ uint32_t fp8_pair_to_halves(uint16_t codes, __half2 s
     return *reinterpret_cast<const uint32_t*>(&value);
 }
 
+// Two codes (low byte first) as two f16, unscaled (exact: e4m3 is a subset of f16).
+__device__ __forceinline__ uint32_t fp8_pair_to_halves(uint16_t codes) {
+    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+    return *reinterpret_cast<const uint32_t*>(&raw);
+}
+
 __device__ __forceinline__ __half2 fp8_scale_pair(int8_t e) {
     const half s = __float2half_rn(pow2f(e));
     return __halves2half2(s, s);
+}
+
+// (2^e_low, 2^e_high) as f16 (exact for the exponents above).
+__device__ __forceinline__ __half2 fp8_scales(int e_low, int e_high) {
+    return __floats2half2_rn(pow2f(e_low), pow2f(e_high));
 }
 
 // Stores one head's `dims` values (a warp, lane-strided) at element `at` of a cache of `dtype`;

@@ -60,14 +60,15 @@ __device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4]
     mma_16816(d, al, high);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const half* p) {
+// Over any 16-bit-paired bytes: f16 rows, or fp8 codes taken two at a time (attention_heads.cuh).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                  : "r"(shared_address(p)));
 }
 
 // The transposed load: lane (g, t) of matrix i gets elements (2t, g) and (2t + 1, g).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&a)[4], const half* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&a)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                  : "r"(shared_address(p)));
@@ -92,9 +93,10 @@ __device__ __forceinline__ float quad_sum(float v) {
 // 0..1) are row a's, (n, 2..3) row b's, and a quad of lanes holds a row. Masked entries are -inf;
 // a row's first tile has a finite one. Advances the rows' running max and this lane's part of their
 // sums (the quad's parts are added at the end), turns the scores into exp(s - max), and rescales
-// the accumulators `o` (M tiles of the same rows) to the new max. Used by the prompt attention and
-// the MLA attention alike, so both fold a tile with the same operations.
-template <int N, int M>
+// the accumulators `o` (M tiles of the same rows) to the new max. The warp's 32 lanes all call it.
+// Used by the prompt attention and the MLA attention alike, so both fold a tile with the same
+// operations.
+template <int N, int M, bool kSkipSettled = false>
 __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&o)[M][4], float& max_a, float& max_b, float& sum_a, float& sum_b) {
     float tile_a = -INFINITY, tile_b = -INFINITY;
 #pragma unroll
@@ -122,6 +124,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&o)[M][4
         }
     sum_a = sum_a * rescale_a + part_a;
     sum_b = sum_b * rescale_b + part_b;
+    // kSkipSettled: once the rows' max settles the rescale is 1 for every lane, and skipping it
+    // leaves the same bits (the decode attention's long rows; a vote the others need not pay).
+    if (kSkipSettled && !__any_sync(0xFFFFFFFFu, rescale_a != 1.f || rescale_b != 1.f)) return;
 #pragma unroll
     for (int n = 0; n < M; ++n) {
         o[n][0] *= rescale_a;

@@ -33,11 +33,19 @@ comptime {
     std.debug.assert(prompt_attention_shared_bytes == 67584);
 }
 
-/// tf_attention_heads_*'s (kHeadsSharedBytes in attention_heads.cuh): per warp, two stages of a
-/// 16-position chunk's K and V as f16 rows of 136 halves.
-pub const heads_attention_shared_bytes = 4 * 2 * 2 * 16 * 136 * 2;
+/// tf_attention_heads_*'s (HeadsTile<D, dtype>::kSharedBytes in attention_heads.cuh): per warp of
+/// 4, stages of a 16-position chunk's K and V rows as stored, each padded by 16 bytes; f16 keeps two
+/// chunks in flight, fp8 (rows half as long) three.
+pub fn headsAttentionSharedBytes(comptime head_dim: usize, comptime dtype: KvDtype) u32 {
+    const row_bytes = head_dim * dtype.bytes();
+    const stages: usize = if (dtype == .f16) 2 else 3;
+    return @intCast(4 * stages * 2 * 16 * (row_bytes + 16));
+}
 comptime {
-    std.debug.assert(heads_attention_shared_bytes == 69632);
+    std.debug.assert(headsAttentionSharedBytes(128, .f16) == 69632); // static_assert'ed in attention_heads.cuh too
+    std.debug.assert(headsAttentionSharedBytes(64, .f16) == 36864);
+    std.debug.assert(headsAttentionSharedBytes(128, .fp8) == 55296);
+    std.debug.assert(headsAttentionSharedBytes(64, .fp8) == 30720);
 }
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -47,8 +55,10 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function("tf_attention"), attribute, attention_shared_bytes), "cuFuncSetAttribute(tf_attention shared memory)", diag);
     inline for (.{ "tf_attention_prompt", "tf_attention_prompt_f16", "tf_attention_prompt_fp8" }) |name|
         try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, prompt_attention_shared_bytes), "cuFuncSetAttribute(tf_attention_prompt shared memory)", diag);
-    inline for (.{ "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16", "tf_attention_heads_64_fp8" }) |name|
-        try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, heads_attention_shared_bytes), "cuFuncSetAttribute(tf_attention_heads shared memory)", diag);
+    inline for (.{ 128, 64 }) |dim| inline for (.{ KvDtype.f16, KvDtype.fp8 }) |dtype| {
+        const name = std.fmt.comptimePrint("tf_attention_heads_{d}_{s}", .{ dim, @tagName(dtype) });
+        try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, @intCast(headsAttentionSharedBytes(dim, dtype))), "cuFuncSetAttribute(tf_attention_heads shared memory)", diag);
+    };
     return module;
 }
 
@@ -353,6 +363,18 @@ pub const Kernels = struct {
         pub fn floats(rows: usize, heads: usize, head_dim: usize) struct { acc: usize, ml: usize } {
             return .{ .acc = rows * heads * attention_splits * head_dim, .ml = rows * heads * attention_splits * 2 };
         }
+
+        pub fn alloc(gpu: *Gpu, rows: usize, heads: usize, head_dim: usize, diag: *Diagnostic) Error!AttentionParts {
+            const n = floats(rows, heads, head_dim);
+            const acc = try gpu.alloc(@max(n.acc, 1) * 4, diag);
+            errdefer gpu.free(acc);
+            return .{ .acc = acc, .ml = try gpu.alloc(@max(n.ml, 1) * 4, diag) };
+        }
+
+        pub fn free(parts: AttentionParts, gpu: *Gpu) void {
+            gpu.free(parts.acc);
+            gpu.free(parts.ml);
+        }
     };
 
     /// out = attention of q over the cache, a warp per query head of a KV head's group (in rounds of
@@ -381,7 +403,7 @@ pub const Kernels = struct {
         var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
         var cptrs: [c.len]*anyopaque = undefined;
         inline for (0..c.len) |i| cptrs[i] = @ptrCast(&c[i]);
-        try k.run("tf_attention_combine", .{ blocks(kv.rows * kv.heads * kv.head_dim / 4, 128), 1, 1 }, 128, cptrs);
+        try k.run("tf_attention_combine", .{ @intCast(kv.rows * kv.heads), 1, 1 }, 128, cptrs);
     }
 
     /// The head sizes tf_attention_heads_* is built for (an f16 or fp8 cache needs one of them).
@@ -408,7 +430,7 @@ pub const Kernels = struct {
         const grid: [3]u32 = .{ @intCast(kv.rows * kv.kv_heads), splits, @intCast(chunks) };
         switch (kv.dtype) {
             inline .f16, .fp8 => |d| switch (kv.head_dim) {
-                inline 64, 128 => |dim| try k.runShared(std.fmt.comptimePrint("tf_attention_heads_{d}_{s}", .{ dim, @tagName(d) }), grid, 128, heads_attention_shared_bytes, ptrs),
+                inline 64, 128 => |dim| try k.runShared(std.fmt.comptimePrint("tf_attention_heads_{d}_{s}", .{ dim, @tagName(d) }), grid, 128, headsAttentionSharedBytes(dim, d), ptrs),
                 else => unreachable,
             },
             .f32 => unreachable,
@@ -417,7 +439,7 @@ pub const Kernels = struct {
         var c = .{ p.acc, p.ml, kv.positions, skip, out, @as(c_int, @intCast(kv.rows)), @as(c_int, @intCast(kv.heads)), @as(c_int, @intCast(kv.head_dim)) };
         var cptrs: [c.len]*anyopaque = undefined;
         inline for (0..c.len) |i| cptrs[i] = @ptrCast(&c[i]);
-        try k.run("tf_attention_combine", .{ blocks(kv.rows * kv.heads * kv.head_dim / 4, 128), 1, 1 }, 128, cptrs);
+        try k.run("tf_attention_combine", .{ @intCast(kv.rows * kv.heads), 1, 1 }, 128, cptrs);
     }
 
     /// The prompt attention's head size and tile (tf_attention_prompt, attention_prompt.cuh).
