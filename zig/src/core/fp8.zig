@@ -1,9 +1,10 @@
 //! OCP FP8 E4M3 ("e4m3fn": bias 7, no infinities, 0x7f/0xff NaN, largest finite 448), the KV
 //! cache's 8-bit storage. Rounding is to nearest, ties to even, saturating at ±448: the same bits
 //! as CUDA's `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`, so the CPU's cache holds the
-//! GPU's bytes. A cached page of one head shares a power-of-two scale 2^e (`scaleExponent`); with
-//! e in [exponent_min, exponent_max] every code times its scale is an exact f16, which lets the GPU
-//! widen a page into f16 tensor-core operands without rounding.
+//! GPU's bytes. A cached position of one head carries a power-of-two scale 2^e (`scaleExponent`;
+//! why per position: kv_store.zig); with e in [exponent_min, exponent_max] every code times its
+//! scale is an exact f16, which lets the GPU take codes into f16 tensor-core operands without
+//! rounding.
 const std = @import("std");
 
 pub const max_finite: f32 = 448.0;
@@ -43,6 +44,20 @@ pub fn decode(code: u8) f32 {
     const m: f32 = @floatFromInt(magnitude & 7);
     const value = if (e == 0) std.math.ldexp(m, -9) else std.math.ldexp(1.0 + m / 8.0, e - 7);
     return if (code & 0x80 != 0) -value else value;
+}
+
+/// Every code's value, for the cache's reads: a position reads `decoded[code] * pow2(e)`, the same
+/// bits as ldexp(decode(code), e) (the product is exact), without a call per value.
+pub const decoded: [256]f32 = table: {
+    @setEvalBranchQuota(100_000);
+    var values: [256]f32 = undefined;
+    for (&values, 0..) |*v, code| v.* = decode(code);
+    break :table values;
+};
+
+/// 2^e as an f32 (exact for e in [exponent_min, exponent_max]).
+pub fn pow2(e: i8) f32 {
+    return @bitCast(@as(u32, @intCast(@as(i32, e) + 127)) << 23);
 }
 
 /// The smallest e (clamped to [exponent_min, exponent_max]) with amax <= 448 · 2^e.
@@ -102,4 +117,19 @@ test "scale exponents cover the row's largest value with the least headroom" {
     try std.testing.expectEqual(@as(i8, 0), scaleExponent(448));
     try std.testing.expectEqual(@as(i8, 1), scaleExponent(449));
     try std.testing.expectEqual(exponent_max, scaleExponent(1e30));
+}
+
+test "the decoded table times a scale is ldexp of the code's value, bit for bit" {
+    var e: i8 = exponent_min;
+    while (e <= exponent_max) : (e += 1) {
+        for (0..256) |code| {
+            const ours = decoded[code] * pow2(e);
+            const reference = std.math.ldexp(decode(@intCast(code)), e);
+            if (std.math.isNan(reference)) {
+                try std.testing.expect(std.math.isNan(ours));
+            } else {
+                try std.testing.expectEqual(@as(u32, @bitCast(reference)), @as(u32, @bitCast(ours)));
+            }
+        }
+    }
 }

@@ -117,8 +117,8 @@ pub const KvStore = struct {
                 o.* = d;
             },
             .fp8 => |s| {
-                const e = s.exponents[at / store.width];
-                for (out, s.codes[at..][0..store.width]) |*o, code| o.* = std.math.ldexp(fp8.decode(code), e);
+                const scale = fp8.pow2(s.exponents[at / store.width]);
+                for (out, s.codes[at..][0..store.width]) |*o, code| o.* = fp8.decoded[code] * scale;
             },
         }
         return out;
