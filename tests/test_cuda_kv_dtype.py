@@ -1,10 +1,9 @@
 """The f16 and fp8 KV caches on the GPU: the exact answer and the CPU's same-dtype logits within the
 dtype's budget (tests/kv_budgets.py; the stored bytes and the attention against float64 are
 tf-cuda-test kv's checks); every row keeps its bits in any batch, chunking, split spread and prompt
-tile; the MLA classes (rope, DSA selection, NoPE) run an f16 latent cache and refuse fp8 by name;
-tensor parallelism carries the dtype to its worker. Skips, with the library's reason, where no GPU
-is usable. The MLA-class and TP tests were written after the session's device time ran out (the
-glm4_moe_lite f16 case ran then, 1.0e-4 GPU vs CPU); docs/measurements.md records their first run."""
+tile; the MLA classes (rope, DSA selection, NoPE) run f16 and fp8 latent caches; tensor
+parallelism carries the dtype to its worker. Skips, with the library's reason, where no GPU
+is usable; docs/measurements.md records the runs."""
 from __future__ import annotations
 
 import json
@@ -16,7 +15,6 @@ from glm_fixtures import checkpoint_dir, model_config, prompts, reference_greedy
 from kv_budgets import F16_TOL, FP8_MEDIAN_TOL
 
 import trellisforge
-from trellisforge import TrellisError
 
 AVAILABLE, REASON = trellisforge.cuda_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
@@ -82,24 +80,29 @@ def test_long_prompt_on_tiles_splits_and_whole_blocks(monkeypatch, kv_dtype):
     assert run[0] == run[1] and len(run[0]) == 12
 
 
+@pytest.mark.parametrize("kv_dtype", DTYPES)
 @pytest.mark.parametrize("family", ["glm4_moe_lite", "glm_moe_dsa", "glm5_next"])
-def test_mla_classes_run_an_f16_latent_cache_and_refuse_fp8(family):
-    """The default cache on the MLA classes: GLM-4.7-Flash's latent with rope, GLM-5.x's with the
-    DSA selection (`long` left out: its indexer's exact ties, tests/test_mla_engine.py) and
-    GLM-5.3-Flash's NoPE latent; fp8 is refused by name."""
+def test_mla_classes_run_f16_and_fp8_latent_caches(family, kv_dtype):
+    """The MLA classes' latent in f16 (the default) and fp8 on the GPU against the CPU's same
+    dtype: GLM-4.7-Flash's latent with rope, GLM-5.x's with the DSA selection (`long` left out: its
+    indexer's exact ties, tests/test_mla_engine.py) and GLM-5.3-Flash's NoPE latent."""
     root = SHARED.parent / family
     if not root.is_dir():
         pytest.skip(f"{root} is absent: the MLA fixtures are read from ../shared")
     tokens_of = json.loads((root / "prompts.json").read_text())
     if family != "glm4_moe_lite":
         tokens_of.pop("long")
-    gpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=4)
-    cpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cpu", max_seqs=4)
-    assert gpu.stats()["kv_dtype"] == "f16"
+    gpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=4, kv_dtype=kv_dtype)
+    cpu = trellisforge.Engine(root / "exl3_3.0bpw", backend="cpu", max_seqs=4, kv_dtype=kv_dtype)
+    assert gpu.stats()["kv_dtype"] == kv_dtype
+    assert trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=1).stats()["kv_dtype"] == "f16"
     for name, tokens in tokens_of.items():
-        within_budget("f16", gpu.logits(tokens), cpu.logits(tokens), f"{family} {name}: f16 latent, GPU vs CPU")
-    with pytest.raises(TrellisError, match="fp8 runs MLA models on the cpu backend only"):
-        trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2, kv_dtype="fp8")
+        within_budget(kv_dtype, gpu.logits(tokens), cpu.logits(tokens), f"{family} {name}: {kv_dtype} latent, GPU vs CPU")
+    # Rows keep their bits in a batch and when the prompt arrives in chunks (the latent's fp8 rows
+    # carry their own exponents, so an earlier row's codes never change).
+    tokens = next(iter(tokens_of.values()))
+    small = trellisforge.Engine(root / "exl3_3.0bpw", backend="cuda", max_seqs=2, rows_max=7, page_tokens=5, kv_dtype=kv_dtype)
+    assert np.array_equal(small.logits(tokens), gpu.logits(tokens))
 
 
 @pytest.mark.parametrize("kv_dtype", DTYPES)

@@ -132,7 +132,7 @@ typedef struct {
                                     pages instead of computing them (not for models with recurrent
                                     state: stats say whether it runs) */
     uint32_t kv_dtype;           /* what the KV cache stores: 0 = f16 (the default), 1 = f32 (exact),
-                                    2 = f16, 3 = fp8 e4m3 with a power-of-two scale per page and head
+                                    2 = f16, 3 = fp8 e4m3 with a power-of-two scale per position and head
                                     (GPUs of sm_89 and later; the cpu emulates it). The DSA indexer's
                                     keys and the KDA state stay f32. */
 } tf_engine_params;

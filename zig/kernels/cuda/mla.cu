@@ -83,14 +83,17 @@ __device__ __forceinline__ void rope_warp(float* x, const float* cs, int dims, b
 }  // namespace
 
 // The latent's RMSNorm and the rotations, then the cache write: per row, [RMSNorm(latent) | rotated
-// k_rope] into the layer's cache slot, and every head's q_rope rotated in place. A block per row,
-// warp 0 the key, the other warps the heads.
+// k_rope] into the layer's cache slot in its dtype (kv_store.cuh; fp8: one exponent per row in
+// `exps`, from the row's largest value, as the host's KvStore takes it), and every head's q_rope
+// rotated in place. A block per row, warp 0 the key, the other warps the heads.
 extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     float* __restrict__ kv, float* __restrict__ q, void* __restrict__ cache, const float* __restrict__ norm,
     const float* __restrict__ cos_sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
     const uint32_t* __restrict__ table_offsets, int rows, int heads, int qk_dim, int nope_dim, int interleaved, float eps,
-    int layers, int layer, int page_tokens, int kv_dtype) {
+    int layers, int layer, int page_tokens, int kv_dtype, int8_t* __restrict__ exps) {
     __shared__ float partial[8];
+    __shared__ float peak[8];
+    __shared__ float stored[kMlaWidth];  // the row as the cache takes it
     const int row = blockIdx.x;
     if (row >= rows) return;
     const int warp = threadIdx.x / kWarp;
@@ -108,23 +111,34 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     float total = 0.f;
     for (int w = 0; w < 8; ++w) total += partial[w];
     const float inverse = 1.0f / sqrtf(total / kMlaLatent + eps);
+    for (int i = threadIdx.x; i < kMlaLatent; i += blockDim.x) stored[i] = norm[i] * (key[i] * inverse);
+    if (!has_rope) {
+        for (int i = threadIdx.x; i < kMlaRope; i += blockDim.x) stored[kMlaLatent + i] = 0.f;
+    } else if (warp == 0) {
+        rope_warp(key + kMlaLatent, cs, kMlaRope, interleaved, lane);
+        for (int i = lane; i < kMlaRope; i += kWarp) stored[kMlaLatent + i] = key[kMlaLatent + i];
+    }
+    __syncthreads();
     const uint32_t position = positions[row];
     const uint32_t page = tables[table_offsets[row] + position / page_tokens];
-    const size_t slot = ((static_cast<size_t>(page) * layers + layer) * page_tokens + position % page_tokens) * kMlaWidth;
-    // The cache row in its dtype (kv_store.cuh): f32 or f16 (the host refuses fp8 for MLA).
-    const auto put = [&](int i, float value) {
-        if (kv_dtype == tf::kKvF16) static_cast<half*>(cache)[slot + i] = tf::kv_half(value);
-        else static_cast<float*>(cache)[slot + i] = value;
-    };
-    for (int i = threadIdx.x; i < kMlaLatent; i += blockDim.x) put(i, norm[i] * (key[i] * inverse));
-    if (!has_rope) {
-        for (int i = threadIdx.x; i < kMlaRope; i += blockDim.x) put(kMlaLatent + i, 0.f);
-        return;
+    const size_t slot = (static_cast<size_t>(page) * layers + layer) * page_tokens + position % page_tokens;
+    if (kv_dtype == tf::kKvFp8) {
+        float amax = 0.f;
+        for (int i = threadIdx.x; i < kMlaWidth; i += blockDim.x) amax = fmaxf(amax, fabsf(stored[i]));
+        for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+        if (lane == 0) peak[warp] = amax;
+        __syncthreads();
+        for (int w = 0; w < 8; ++w) amax = fmaxf(amax, peak[w]);
+        const int e = tf::fp8_exponent(amax);
+        for (int i = threadIdx.x; i < kMlaWidth; i += blockDim.x) static_cast<uint8_t*>(cache)[slot * kMlaWidth + i] = tf::fp8_encode(stored[i], e);
+        if (threadIdx.x == 0) exps[slot] = static_cast<int8_t>(e);
+    } else {
+        for (int i = threadIdx.x; i < kMlaWidth; i += blockDim.x) {
+            if (kv_dtype == tf::kKvF16) static_cast<half*>(cache)[slot * kMlaWidth + i] = tf::kv_half(stored[i]);
+            else static_cast<float*>(cache)[slot * kMlaWidth + i] = stored[i];
+        }
     }
-    if (warp == 0) {
-        rope_warp(key + kMlaLatent, cs, kMlaRope, interleaved, lane);
-        for (int i = lane; i < kMlaRope; i += kWarp) put(kMlaLatent + i, key[kMlaLatent + i]);
-    }
+    if (!has_rope) return;
     for (int h = warp; h < heads; h += blockDim.x / kWarp)
         rope_warp(q + (static_cast<size_t>(row) * heads + h) * qk_dim + nope_dim, cs, kMlaRope, interleaved, lane);
 }
@@ -191,9 +205,9 @@ extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(c
 // (fold_split); else a block per split writes its partial to part_* (part_acc[((row·heads + h)·
 // splits + s)·kv_lora + d], part_ml[.. ·2 + {max, sum}]) for tf_mla_combine. Both fold the same
 // way, so a row's bits are the same in either. Dynamic shared memory: kMlaSharedBytes.
-template <bool kSpread, bool kHalf>
+template <bool kSpread, int kDtype>
 __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const float* __restrict__ q_lat, const void* __restrict__ cache,
-                                              const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
+                                              const int8_t* __restrict__ exps, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
                                               const uint32_t* __restrict__ table_offsets, const uint32_t* __restrict__ selected,
                                               const uint32_t* __restrict__ counts, int topk, float* __restrict__ out,
                                               float* __restrict__ part_acc, float* __restrict__ part_ml, int rows, int heads, int qk_dim,
@@ -202,7 +216,10 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     extern __shared__ __align__(16) unsigned char mla_shared[];
     auto planes = reinterpret_cast<half(*)[kMlaTile][kMlaPlanePitch]>(mla_shared);  // [high/low][position][dim]
     unsigned char* raw = mla_shared + kMlaPlanesBytes;                                 // [position][dim], as cached
-    constexpr int kRowBytes = kMlaWidth * (kHalf ? 2 : 4);
+    constexpr int kRowBytes = kMlaWidth * (kDtype == kKvF32 ? 4 : kDtype == kKvF16 ? 2 : 1);
+    // fp8: the staged tile's exponents (one per row), loaded with its copies.
+    __shared__ int tile_exps[kMlaTile];
+    int pending_exp = 0;
     float(*scores)[kWarp][8] = reinterpret_cast<float(*)[kWarp][8]>(mla_shared + kMlaPlanesBytes + kMlaRawBytes);
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -225,7 +242,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     }
     if (mla_split(count, split_first).begin >= count) return;  // an empty split: the combine skips it
     const uint32_t* table = tables + table_offsets[row];
-    if constexpr (kHalf)  // an f16 row is exact in f16: its low plane stays zero
+    if constexpr (kDtype != kKvF32)  // an f16 (or fp8 x scale) row is exact in f16: its low plane stays zero
         for (int i = threadIdx.x; i < kMlaTile * kMlaPlanePitch / 2; i += blockDim.x) reinterpret_cast<uint32_t*>(&planes[1][0][0])[i] = 0u;
 
     // The query, scaled, as A fragments of this warp's steps: steps 0..3 its latent dims
@@ -263,7 +280,15 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                 const size_t at = ((static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens) * kRowBytes + 16 * piece;
                 copy16_async(raw + j * kRowBytes + 16 * piece, static_cast<const unsigned char*>(cache) + at, valid);
             }
-            asm volatile("cp.async.commit_group;\n" ::);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            if constexpr (kDtype == kKvFp8) {
+                const int j = threadIdx.x;
+                if (j < kMlaTile) {
+                    const bool valid = t0 + j < range.end;
+                    const int p = valid ? (sparse ? static_cast<int>(picks[t0 + j]) : t0 + j) : 0;
+                    pending_exp = valid ? exps[(static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens] : 0;
+                }
+            }
         };
         float o[kMlaWarpTiles][4];
 #pragma unroll
@@ -273,9 +298,24 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
         issue(range.begin);  // `raw` is free: the last tile's conversion is behind a barrier
         for (int t0 = range.begin; t0 < range.end; t0 += kMlaTile) {
-            asm volatile("cp.async.wait_group 0;\n" ::);
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            if constexpr (kDtype == kKvFp8)
+                if (threadIdx.x < kMlaTile) tile_exps[threadIdx.x] = pending_exp;
             __syncthreads();  // `raw` has landed, and every warp is done with the planes
-            if constexpr (kHalf) {
+            if constexpr (kDtype == kKvFp8) {
+                // Codes times their row's power-of-two scale: exact f16 (kv_store.cuh).
+                for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 8); task += blockDim.x) {
+                    const int j = task / (kMlaWidth / 8), d = 8 * (task % (kMlaWidth / 8));
+                    const __half2 scale2 = fp8_scale_pair(static_cast<int8_t>(tile_exps[j]));
+                    const uint2 codes = *reinterpret_cast<const uint2*>(raw + j * kRowBytes + d);
+                    uint4 wide;
+                    wide.x = fp8_pair_to_halves(static_cast<uint16_t>(codes.x), scale2);
+                    wide.y = fp8_pair_to_halves(static_cast<uint16_t>(codes.x >> 16), scale2);
+                    wide.z = fp8_pair_to_halves(static_cast<uint16_t>(codes.y), scale2);
+                    wide.w = fp8_pair_to_halves(static_cast<uint16_t>(codes.y >> 16), scale2);
+                    *reinterpret_cast<uint4*>(&planes[0][j][d]) = wide;
+                }
+            } else if constexpr (kDtype == kKvF16) {
                 for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 8); task += blockDim.x) {
                     const int j = task / (kMlaWidth / 8), d = 8 * (task % (kMlaWidth / 8));
                     *reinterpret_cast<uint4*>(&planes[0][j][d]) = *reinterpret_cast<const uint4*>(raw + j * kRowBytes + 2 * d);
@@ -399,28 +439,43 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 }
 
 #define TF_MLA_ATTENTION_ARGS                                                                                                      \
-    const float *__restrict__ q, const float *__restrict__ q_lat, const void *__restrict__ cache,                                 \
+    const float *__restrict__ q, const float *__restrict__ q_lat, const void *__restrict__ cache, const int8_t *__restrict__ exps, \
         const uint32_t *__restrict__ positions, const uint32_t *__restrict__ tables, const uint32_t *__restrict__ table_offsets, \
         const uint32_t *__restrict__ selected, const uint32_t *__restrict__ counts, int topk, float *__restrict__ out,             \
         float *__restrict__ part_acc, float *__restrict__ part_ml, int rows, int heads, int qk_dim, int nope_dim, float scale,    \
         int layers, int layer, int page_tokens
 #define TF_MLA_ATTENTION_PASS \
-    q, q_lat, cache, positions, tables, table_offsets, selected, counts, topk, out, part_acc, part_ml, rows, heads, qk_dim, nope_dim, scale, layers, layer, page_tokens
+    q, q_lat, cache, exps, positions, tables, table_offsets, selected, counts, topk, out, part_acc, part_ml, rows, heads, qk_dim, nope_dim, scale, layers, layer, page_tokens
 
-// Every split in the block, folded there: prompt rows (and steps with many rows).
+// fp8's entries on sm_12x: its 99 KB of shared memory holds one block of these anyway, so the
+// registers of a single block (ptxas caps them for two by default, and the fp8 conversion spills).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define TF_MLA_FP8_BOUNDS __launch_bounds__(32 * kMlaWarps, 1)
+#else
+#define TF_MLA_FP8_BOUNDS __launch_bounds__(32 * kMlaWarps)
+#endif
+
+// Every split in the block, folded there: prompt rows (and steps with many rows). Named by the
+// cache's dtype (none: f32; fp8 takes its rows' exponents in `exps`).
 extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<false, false>(TF_MLA_ATTENTION_PASS);
+    mla_attention<false, tf::kKvF32>(TF_MLA_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention_f16(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<false, true>(TF_MLA_ATTENTION_PASS);
+    mla_attention<false, tf::kKvF16>(TF_MLA_ATTENTION_PASS);
+}
+extern "C" __global__ void TF_MLA_FP8_BOUNDS tf_mla_attention_fp8(TF_MLA_ATTENTION_ARGS) {
+    mla_attention<false, tf::kKvFp8>(TF_MLA_ATTENTION_PASS);
 }
 
 // A block per split (gridDim.z == kMlaSplits), partials for tf_mla_combine: a decode step's rows.
 extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention_split(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<true, false>(TF_MLA_ATTENTION_PASS);
+    mla_attention<true, tf::kKvF32>(TF_MLA_ATTENTION_PASS);
 }
 extern "C" __global__ void __launch_bounds__(32 * kMlaWarps) tf_mla_attention_split_f16(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<true, true>(TF_MLA_ATTENTION_PASS);
+    mla_attention<true, tf::kKvF16>(TF_MLA_ATTENTION_PASS);
+}
+extern "C" __global__ void TF_MLA_FP8_BOUNDS tf_mla_attention_split_fp8(TF_MLA_ATTENTION_ARGS) {
+    mla_attention<true, tf::kKvFp8>(TF_MLA_ATTENTION_PASS);
 }
 
 // The fold of tf_mla_attention's split partials: a block per (row, head), a thread per 4 dims, each

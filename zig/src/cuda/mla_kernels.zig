@@ -8,10 +8,11 @@ const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
 const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
+const KvDtype = @import("../core/kv_store.zig").KvDtype;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_mla_rope_store",    "tf_mla_absorb",              "tf_mla_attention", "tf_mla_attention_split", "tf_mla_combine", "tf_mla_v_up",
-    "tf_mla_attention_f16", "tf_mla_attention_split_f16",
+    "tf_mla_rope_store",    "tf_mla_absorb",              "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine", "tf_mla_v_up",
+    "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8",
 });
 
 /// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
@@ -35,7 +36,7 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     var module = try Module.load(gpu, kernels.mla, "mla", diag);
     errdefer module.unload(gpu);
     const attribute = driver.function_attribute_max_dynamic_shared_bytes;
-    inline for (.{ "tf_mla_attention", "tf_mla_attention_split", "tf_mla_attention_f16", "tf_mla_attention_split_f16" }) |name|
+    inline for (.{ "tf_mla_attention", "tf_mla_attention_split", "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8" }) |name|
         try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, attention_shared_bytes), "cuFuncSetAttribute(" ++ name ++ " shared memory)", diag);
     return module;
 }
@@ -43,8 +44,10 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
 /// Where a layer's cache rows are and which rows of the step there are.
 pub const Paged = struct {
     cache: Ptr,
-    /// f32 or f16 rows (the GPU has no fp8 MLA cache).
-    half: bool = false,
+    /// What a row holds (kv_store.cuh): f32, f16, or fp8 codes with an i8 exponent per row in
+    /// `exps` ((pages, layers, page_tokens), as the host's KvStore keeps them).
+    dtype: KvDtype = .f32,
+    exps: Ptr = 0,
     positions: Ptr,
     tables: Ptr,
     table_offsets: Ptr,
@@ -87,11 +90,11 @@ pub const Kernels = struct {
     /// The latent's norm and the rotations, the cache write. A block per row.
     pub fn ropeStore(k: Kernels, kv: Ptr, q: Ptr, norm: Ptr, cos_sin: Ptr, p: Paged, heads: usize, qk_dim: usize, nope_dim: usize, interleaved: bool, eps: f32) Error!void {
         var a = .{
-            kv,                                    q,                                p.cache,                        norm,
-            cos_sin,                               p.positions,                      p.tables,                       p.table_offsets,
-            @as(c_int, @intCast(p.rows)),          @as(c_int, @intCast(heads)),      @as(c_int, @intCast(qk_dim)),   @as(c_int, @intCast(nope_dim)),
-            @as(c_int, @intFromBool(interleaved)), eps,                              @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)),
-            @as(c_int, @intCast(p.page_tokens)),   @as(c_int, if (p.half) 2 else 1),
+            kv,                                    q,                                          p.cache,                        norm,
+            cos_sin,                               p.positions,                                p.tables,                       p.table_offsets,
+            @as(c_int, @intCast(p.rows)),          @as(c_int, @intCast(heads)),                @as(c_int, @intCast(qk_dim)),   @as(c_int, @intCast(nope_dim)),
+            @as(c_int, @intFromBool(interleaved)), eps,                                        @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)),
+            @as(c_int, @intCast(p.page_tokens)),   @as(c_int, @intCast(@backingInt(p.dtype))), p.exps,
         };
         var ptrs: [a.len]?*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
@@ -111,21 +114,21 @@ pub const Kernels = struct {
     pub fn attention(k: Kernels, q: Ptr, q_lat: Ptr, out: Ptr, p: Paged, s: Selection, parts: ?Parts, heads: usize, qk_dim: usize, nope_dim: usize, scale: f32) Error!void {
         const spread = parts orelse Parts{ .acc = 0, .ml = 0 };
         var a = .{
-            q,                            q_lat,                          p.cache,                       p.positions,
-            p.tables,                     p.table_offsets,                s.selected,                    s.counts,
-            @as(c_int, @intCast(s.topk)), out,                            spread.acc,                    spread.ml,
-            @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(heads)),    @as(c_int, @intCast(qk_dim)),  @as(c_int, @intCast(nope_dim)),
-            scale,                        @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)), @as(c_int, @intCast(p.page_tokens)),
+            q,                                   q_lat,                          p.cache,    p.exps,                         p.positions,
+            p.tables,                            p.table_offsets,                s.selected, s.counts,                       @as(c_int, @intCast(s.topk)),
+            out,                                 spread.acc,                     spread.ml,  @as(c_int, @intCast(p.rows)),   @as(c_int, @intCast(heads)),
+            @as(c_int, @intCast(qk_dim)),        @as(c_int, @intCast(nope_dim)), scale,      @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)),
+            @as(c_int, @intCast(p.page_tokens)),
         };
         var ptrs: [a.len]?*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         const grid = [3]u32{ @intCast(p.rows), count(heads, heads_per_block), if (parts != null) splits else 1 };
-        if (p.half) {
-            if (parts == null) return k.runShared("tf_mla_attention_f16", grid, 32 * warps, attention_shared_bytes, ptrs);
-            try k.runShared("tf_mla_attention_split_f16", grid, 32 * warps, attention_shared_bytes, ptrs);
-        } else {
-            if (parts == null) return k.runShared("tf_mla_attention", grid, 32 * warps, attention_shared_bytes, ptrs);
-            try k.runShared("tf_mla_attention_split", grid, 32 * warps, attention_shared_bytes, ptrs);
+        switch (p.dtype) {
+            inline else => |dtype| {
+                const suffix = if (dtype == .f32) "" else "_" ++ @tagName(dtype);
+                if (parts == null) return k.runShared("tf_mla_attention" ++ suffix, grid, 32 * warps, attention_shared_bytes, ptrs);
+                try k.runShared("tf_mla_attention_split" ++ suffix, grid, 32 * warps, attention_shared_bytes, ptrs);
+            },
         }
         var c = .{ spread.acc, spread.ml, p.positions, s.counts, out, @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(heads)) };
         try k.run("tf_mla_combine", .{ @intCast(p.rows * heads), 1, 1 }, latent / 4, .{ &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6] });

@@ -222,7 +222,7 @@ pub const GpuModel = struct {
         }
         const c = weights.config;
         try gqa_cuda.checkShape(&c, limits.kv_dtype, diag);
-        try mla_cuda.checkShape(&c, limits.kv_dtype, diag);
+        try mla_cuda.checkShape(&c, diag);
         try kda_cuda.checkShape(&c, diag);
         try hyper_cuda.checkShape(&c, diag);
         if (c.countOf("attention", .kda) > 0 and limits.sequences == 0) {

@@ -52,18 +52,15 @@ pub const Buffers = struct {
     q_lat: Ptr, // (rows, heads, kv_lora)
     lat_out: Ptr,
     out: Ptr, // (rows, heads·v)
-    cache: Ptr, // (pages, mla layers, page_tokens, kv_lora + 64)
+    cache: Ptr, // (pages, mla layers, page_tokens, kv_lora + 64) in the engine's KV dtype
+    exps: Ptr, // fp8: an i8 exponent per cached row, (pages, mla layers, page_tokens); else 0
     parts: M.Parts,
     spread_rows: usize,
 };
 
-/// What mla.cu takes: every GLM MLA model's latent and rope sizes, in an f32 or f16 cache.
-pub fn checkShape(c: *const Config, kv_dtype: core.KvDtype, diag: *Diagnostic) Error!void {
+/// What mla.cu takes: every GLM MLA model's latent and rope sizes (its cache in f32, f16 or fp8).
+pub fn checkShape(c: *const Config, diag: *Diagnostic) Error!void {
     if (c.countOf("attention", .mla) == 0) return;
-    if (kv_dtype == .fp8) {
-        diag.set("the CUDA MLA kernels keep an f32 or f16 latent cache; kv_dtype fp8 runs MLA models on the cpu backend only", .{});
-        return error.UnsupportedModel;
-    }
     const m = c.mla;
     if (m.kv_lora_rank != M.latent or (m.rope_dim != M.rope and m.rope_dim != 0) or m.nope_dim > M.nope_max) {
         diag.set("the CUDA MLA kernels take kv_lora_rank {d}, qk_rope_head_dim {d} (or 0) and qk_nope_head_dim <= {d}; this model has {d}, {d}, {d}", .{ M.latent, M.rope, M.nope_max, m.kv_lora_rank, m.rope_dim, m.nope_dim });
@@ -127,6 +124,7 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
         .out = try model.alloc(rows * c.heads * m.v_dim * f, diag),
         // Rows of latent + 64 even for NoPE models (zeros there): the kernels' one row shape.
         .cache = try model.alloc(l.pages * layers * l.page_tokens * (M.latent + M.rope) * l.kv_dtype.bytes(), diag),
+        .exps = if (l.kv_dtype == .fp8) try model.alloc(l.pages * layers * l.page_tokens, diag) else 0,
         .parts = .{ .acc = try model.alloc(@max(parts.acc, 1) * f, diag), .ml = try model.alloc(@max(parts.ml, 1) * f, diag) },
         .spread_rows = spread_rows,
     };
@@ -151,7 +149,8 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
     try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
     const paged: M.Paged = .{
         .cache = b.cache,
-        .half = model.limits.kv_dtype == .f16,
+        .dtype = model.limits.kv_dtype,
+        .exps = b.exps,
         .positions = model.positions,
         .tables = model.tables,
         .table_offsets = model.table_offsets,
