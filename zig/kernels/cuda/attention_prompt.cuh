@@ -164,12 +164,7 @@ __device__ __forceinline__ void attention_prompt(
                 const int d = 8 * (task % (D / 8));
                 const __half2 s = fp8_scale_pair(exps[which * kPromptKvTile + j]);
                 const uint2 codes = *reinterpret_cast<const uint2*>(raw + (which * kPromptKvTile + j) * kRowBytes + d);
-                uint4 wide;
-                wide.x = fp8_pair_to_halves(static_cast<uint16_t>(codes.x), s);
-                wide.y = fp8_pair_to_halves(static_cast<uint16_t>(codes.x >> 16), s);
-                wide.z = fp8_pair_to_halves(static_cast<uint16_t>(codes.y), s);
-                wide.w = fp8_pair_to_halves(static_cast<uint16_t>(codes.y >> 16), s);
-                *reinterpret_cast<uint4*>(which == 0 ? &ks[0][j][d] : &vs[0][j][d]) = wide;
+                *reinterpret_cast<uint4*>(which == 0 ? &ks[0][j][d] : &vs[0][j][d]) = fp8_widen8(codes, s);
             }
         }
         __syncthreads();  // the planes are ready and `raw` is free

@@ -49,6 +49,17 @@ __device__ __forceinline__ uint32_t fp8_pair_to_halves(uint16_t codes) {
     return *reinterpret_cast<const uint32_t*>(&raw);
 }
 
+// Eight codes (low byte first) times 2^e as eight exact f16: how the prompt and MLA attentions
+// widen a staged row's codes into their f16 planes.
+__device__ __forceinline__ uint4 fp8_widen8(uint2 codes, __half2 scale) {
+    uint4 wide;
+    wide.x = fp8_pair_to_halves(static_cast<uint16_t>(codes.x), scale);
+    wide.y = fp8_pair_to_halves(static_cast<uint16_t>(codes.x >> 16), scale);
+    wide.z = fp8_pair_to_halves(static_cast<uint16_t>(codes.y), scale);
+    wide.w = fp8_pair_to_halves(static_cast<uint16_t>(codes.y >> 16), scale);
+    return wide;
+}
+
 __device__ __forceinline__ __half2 fp8_scale_pair(int8_t e) {
     const half s = __float2half_rn(pow2f(e));
     return __halves2half2(s, s);

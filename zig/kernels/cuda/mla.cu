@@ -47,6 +47,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+    return v;
+}
+
 struct SplitRange {
     int begin;
     int end;
@@ -125,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     if (kv_dtype == tf::kKvFp8) {
         float amax = 0.f;
         for (int i = threadIdx.x; i < kMlaWidth; i += blockDim.x) amax = fmaxf(amax, fabsf(stored[i]));
-        for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+        amax = warp_max(amax);
         if (lane == 0) peak[warp] = amax;
         __syncthreads();
         for (int w = 0; w < 8; ++w) amax = fmaxf(amax, peak[w]);
@@ -308,12 +313,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                     const int j = task / (kMlaWidth / 8), d = 8 * (task % (kMlaWidth / 8));
                     const __half2 scale2 = fp8_scale_pair(static_cast<int8_t>(tile_exps[j]));
                     const uint2 codes = *reinterpret_cast<const uint2*>(raw + j * kRowBytes + d);
-                    uint4 wide;
-                    wide.x = fp8_pair_to_halves(static_cast<uint16_t>(codes.x), scale2);
-                    wide.y = fp8_pair_to_halves(static_cast<uint16_t>(codes.x >> 16), scale2);
-                    wide.z = fp8_pair_to_halves(static_cast<uint16_t>(codes.y), scale2);
-                    wide.w = fp8_pair_to_halves(static_cast<uint16_t>(codes.y >> 16), scale2);
-                    *reinterpret_cast<uint4*>(&planes[0][j][d]) = wide;
+                    *reinterpret_cast<uint4*>(&planes[0][j][d]) = fp8_widen8(codes, scale2);
                 }
             } else if constexpr (kDtype == kKvF16) {
                 for (int task = threadIdx.x; task < kMlaTile * (kMlaWidth / 8); task += blockDim.x) {
