@@ -85,6 +85,7 @@ const headers = [_][]const u8{
     "exl3_trellis.cuh",
     "kv_store.cuh",
     "logits_summary.cuh",
+    "mla_attention.cuh",
     "mma.cuh",
     "moe_route.cuh",
     "swiglu.cuh",

@@ -1,9 +1,10 @@
 //! tf-bench's MLA table (`tf-bench --mla`): the latent attention and the DSA indexer of one layer as
-//! the engine launches them, on random f32 caches in 16-token pages.
-//!   - attention: tf_mla_attention over a `context`-token latent cache (576 floats per position,
-//!     shared by the heads), GLM-4.7-Flash's 20 heads and GLM-5's 64, M = 1 and 4 rows each its own
-//!     sequence, a block per (row, 8 heads) ("whole") or per split then the fold ("spread", what
-//!     decode steps run); the cache bytes each row reads per second against the copy bandwidth.
+//! the engine launches them, on caches in 16-token pages (f32: random values; f16 and fp8: zeros).
+//!   - attention: tf_mla_attention over a `context`-token latent cache (576 values per position,
+//!     shared by the heads, in each cache dtype; fp8 with its exponent per position),
+//!     GLM-4.7-Flash's 20 heads and GLM-5's 64, M = 1 and 4 rows each its own sequence, a block
+//!     per (row, 16 heads) ("whole") or per split then the fold ("spread", what decode steps run);
+//!     the cache bytes each row reads per second against the copy bandwidth.
 //!   - GLM-5 with its DSA selection of 2048 positions ("sparse"): the attention then reads 2048
 //!     positions whatever the context.
 //!   - indexer: GLM-5's scores (32 heads x 128) and top-2048 for one row at 8k/32k/128k positions,
@@ -40,8 +41,15 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
     const context_max = index_contexts[index_contexts.len - 1];
     const pages = rows_max * context_max / page_tokens;
     var b: Buffers = undefined;
-    b.cache = try randomBuffer(gpa, gpu, pages * page_tokens * M.latent + pages * page_tokens * M.rope, diag);
+    const cache_floats = pages * page_tokens * (M.latent + M.rope);
+    b.cache = try randomBuffer(gpa, gpu, cache_floats, diag);
     defer gpu.free(b.cache);
+    b.narrow_cache = try gpu.alloc(cache_floats * 2, diag);
+    defer gpu.free(b.narrow_cache);
+    try gpu.zero(b.narrow_cache, cache_floats * 2, diag);
+    b.exps = try gpu.alloc(pages * page_tokens, diag);
+    defer gpu.free(b.exps);
+    try gpu.zero(b.exps, pages * page_tokens, diag);
     b.q = try randomBuffer(gpa, gpu, rows_max * 64 * 256, diag);
     defer gpu.free(b.q);
     b.q_lat = try randomBuffer(gpa, gpu, rows_max * 64 * M.latent, diag);
@@ -75,16 +83,17 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
     b.index_cache = try randomBuffer(gpa, gpu, context_max * D.head_dim, diag);
     defer gpu.free(b.index_cache);
 
-    say("\nMLA attention of one layer (latent 512 + rope 64 f32 per position, shared by the heads)\n", .{});
-    say("{s:<14} {s:<7} {s:>3} {s:>8} {s:>10} {s:>12} {s:>9} {s:>8}\n", .{ "model", "mode", "M", "context", "us/layer", "cache MB", "GB/s", "% copy" });
+    say("\nMLA attention of one layer (latent 512 + rope 64 per position, shared by the heads)\n", .{});
+    say("{s:<14} {s:<7} {s:<4} {s:>3} {s:>8} {s:>10} {s:>12} {s:>9} {s:>8}\n", .{ "model", "mode", "KV", "M", "context", "us/layer", "cache MB", "GB/s", "% copy" });
+    const dtypes = [_]tf.core.KvDtype{ .f32, .f16, .fp8 };
     for (shapes) |shape| {
         for (contexts) |context| {
             for ([_]usize{ 1, rows_max }) |rows| {
-                for ([_]Mode{ .whole, .spread }) |mode| try b.attention(gpa, gpu, &module, shape.name, shape.heads, rows, context, mode, copy_gbs, diag);
+                for (dtypes) |dtype| for ([_]Mode{ .whole, .spread }) |mode| try b.attention(gpa, gpu, &module, shape.name, shape.heads, rows, context, mode, dtype, copy_gbs, diag);
             }
         }
     }
-    for (contexts) |context| try b.attention(gpa, gpu, &module, "GLM-5", 64, 1, context, .sparse, copy_gbs, diag);
+    for (contexts) |context| for (dtypes) |dtype| try b.attention(gpa, gpu, &module, "GLM-5", 64, 1, context, .sparse, dtype, copy_gbs, diag);
     say("\nDSA indexer of one GLM-5 layer ({d} heads x {d}, top-{d}), one row\n", .{ index_heads, D.head_dim, topk });
     say("{s:<8} {s:>10} {s:>12} {s:>9} {s:>8}\n", .{ "context", "us/layer", "keys MB", "GB/s", "% copy" });
     for (index_contexts) |context| try b.indexer(gpu, &dsa_module, context, copy_gbs, diag);
@@ -92,6 +101,8 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
 
 const Buffers = struct {
     cache: Ptr,
+    narrow_cache: Ptr,
+    exps: Ptr,
     q: Ptr,
     q_lat: Ptr,
     out: Ptr,
@@ -117,7 +128,7 @@ const Buffers = struct {
         try gpu.upload(b.table_offsets, std.mem.sliceAsBytes(offsets[0..rows]), diag);
     }
 
-    fn attention(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const M.Module, name: []const u8, heads: usize, rows: usize, context: usize, mode: Mode, copy_gbs: f64, diag: *Diagnostic) !void {
+    fn attention(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const M.Module, name: []const u8, heads: usize, rows: usize, context: usize, mode: Mode, dtype: tf.core.KvDtype, copy_gbs: f64, diag: *Diagnostic) !void {
         try b.setRows(gpu, rows, context, diag);
         var selection: M.Selection = .{};
         var read = context;
@@ -133,7 +144,7 @@ const Buffers = struct {
             try gpu.upload(b.counts, std.mem.asBytes(&count), diag);
             selection = .{ .selected = b.selected, .counts = b.counts, .topk = topk };
         }
-        const paged: M.Paged = .{ .cache = b.cache, .positions = b.positions, .tables = b.tables, .table_offsets = b.table_offsets, .rows = rows, .layers = 1, .layer = 0, .page_tokens = page_tokens };
+        const paged: M.Paged = .{ .cache = if (dtype == .f32) b.cache else b.narrow_cache, .dtype = dtype, .exps = b.exps, .positions = b.positions, .tables = b.tables, .table_offsets = b.table_offsets, .rows = rows, .layers = 1, .layer = 0, .page_tokens = page_tokens };
         const k: M.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
         const parts: ?M.Parts = if (mode == .whole) null else b.parts;
         const launch = struct {
@@ -142,9 +153,10 @@ const Buffers = struct {
             }
         }.call;
         const median = try timeMedian(gpu, 20, launch, .{ k, b, paged, selection, parts, heads }, diag);
-        const mb = @as(f64, @floatFromInt(rows * read * (M.latent + M.rope) * 4)) / 1e6;
+        const row_bytes = (M.latent + M.rope) * dtype.bytes() + @as(usize, if (dtype == .fp8) 1 else 0);
+        const mb = @as(f64, @floatFromInt(rows * read * row_bytes)) / 1e6;
         const gbs = mb / median * 1e6 / 1e3;
-        say("{s:<14} {s:<7} {d:>3} {d:>8} {d:>10.1} {d:>12.1} {d:>9.0} {d:>7.1}%\n", .{ name, @tagName(mode), rows, context, median, mb, gbs, 100 * gbs / copy_gbs });
+        say("{s:<14} {s:<7} {s:<4} {d:>3} {d:>8} {d:>10.1} {d:>12.1} {d:>9.0} {d:>7.1}%\n", .{ name, @tagName(mode), dtype.name(), rows, context, median, mb, gbs, 100 * gbs / copy_gbs });
     }
 
     fn indexer(b: *const Buffers, gpu: *cuda.Gpu, module: *const D.Module, context: usize, copy_gbs: f64, diag: *Diagnostic) !void {

@@ -54,12 +54,6 @@ static_assert(HeadsTile<64, tf::kKvF16>::kSharedBytes == 36864, "headsAttentionS
 static_assert(HeadsTile<128, tf::kKvFp8>::kSharedBytes == 55296, "headsAttentionSharedBytes(128, .fp8)");
 static_assert(HeadsTile<64, tf::kKvFp8>::kSharedBytes == 30720, "headsAttentionSharedBytes(64, .fp8)");
 
-// d += (ah + al)·b: an f32 A operand split in two, an exact f16 B operand.
-__device__ __forceinline__ void mma_exact_b(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&b)[2]) {
-    tf::mma_16816(d, ah, b);
-    tf::mma_16816(d, al, b);
-}
-
 template <int D, int kDtype>
 __device__ __forceinline__ void attention_heads(const float* __restrict__ q, const void* __restrict__ cache_k, const void* __restrict__ cache_v,
                                                 const int8_t* __restrict__ exp_k, const int8_t* __restrict__ exp_v,

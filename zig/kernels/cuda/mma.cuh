@@ -60,6 +60,12 @@ __device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4]
     mma_16816(d, al, high);
 }
 
+// d += (ah + al)·b: an f32 A operand split in two, an exact f16 B operand (an f16 or fp8 cache).
+__device__ __forceinline__ void mma_exact_b(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&b)[2]) {
+    mma_16816(d, ah, b);
+    mma_16816(d, al, b);
+}
+
 // Over any 16-bit-paired bytes: f16 rows, or fp8 codes taken two at a time (attention_heads.cuh).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -23,11 +23,21 @@ pub const splits = 64;
 const heads_per_block = 16;
 const warps = 8;
 const product_rows = 8;
-/// tf_mla_attention's dynamic shared memory (kMlaSharedBytes): a tile of 16 cache rows as f16
-/// high/low planes (rows of 584 halves), the next tile's 16 f32 rows, the warps' parts of the scores.
-pub const attention_shared_bytes = 2 * 16 * 584 * 2 + 16 * 576 * 4 + warps * 32 * 8 * 4;
+/// tf_mla_attention's dynamic shared memory (MlaStages in mla_attention.cuh): tiles of 16 cache
+/// rows as stored (rows padded by 32 bytes for f32, 16 otherwise; two tiles of f32, four of f16,
+/// six of fp8), then the softmax's: the warps' parts of the scores and the probabilities (16 x 24
+/// floats each), 4 floats per head (the tile's rescale, the split's max and sum).
+pub fn attentionSharedBytes(dtype: KvDtype) u32 {
+    const stages: u32, const pad: u32 = switch (dtype) {
+        .f32 => .{ 2, 32 },
+        .f16 => .{ 4, 16 },
+        .fp8 => .{ 6, 16 },
+    };
+    return stages * 16 * ((latent + rope) * @as(u32, @intCast(dtype.bytes())) + pad) + ((warps + 1) * 16 * 24 + 4 * 16) * 4;
+}
 comptime {
-    std.debug.assert(attention_shared_bytes == 82432); // static_assert'ed in mla.cu too
+    // static_assert'ed in mla_attention.cuh too
+    std.debug.assert(attentionSharedBytes(.f32) == 88832 and attentionSharedBytes(.f16) == 88832 and attentionSharedBytes(.fp8) == 70912);
 }
 /// The largest qk_nope_head_dim the host takes (any would do for the product; bounds the check).
 pub const nope_max = 256;
@@ -36,9 +46,18 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     var module = try Module.load(gpu, kernels.mla, "mla", diag);
     errdefer module.unload(gpu);
     const attribute = driver.function_attribute_max_dynamic_shared_bytes;
-    inline for (.{ "tf_mla_attention", "tf_mla_attention_split", "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8" }) |name|
-        try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, attention_shared_bytes), "cuFuncSetAttribute(" ++ name ++ " shared memory)", diag);
+    inline for (.{ .f32, .f16, .fp8 }) |dtype| {
+        inline for (.{ "tf_mla_attention", "tf_mla_attention_split" }) |entry| {
+            const name = entry ++ comptime suffix(dtype);
+            try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, @intCast(attentionSharedBytes(dtype))), "cuFuncSetAttribute(" ++ name ++ " shared memory)", diag);
+        }
+    }
     return module;
+}
+
+/// The attention entries' names end in the cache's dtype (none for f32).
+fn suffix(comptime dtype: KvDtype) []const u8 {
+    return if (dtype == .f32) "" else "_" ++ @tagName(dtype);
 }
 
 /// Where a layer's cache rows are and which rows of the step there are.
@@ -125,13 +144,14 @@ pub const Kernels = struct {
         const grid = [3]u32{ @intCast(p.rows), count(heads, heads_per_block), if (parts != null) splits else 1 };
         switch (p.dtype) {
             inline else => |dtype| {
-                const suffix = if (dtype == .f32) "" else "_" ++ @tagName(dtype);
-                if (parts == null) return k.runShared("tf_mla_attention" ++ suffix, grid, 32 * warps, attention_shared_bytes, ptrs);
-                try k.runShared("tf_mla_attention_split" ++ suffix, grid, 32 * warps, attention_shared_bytes, ptrs);
+                const shared = attentionSharedBytes(dtype);
+                if (parts == null) return k.runShared("tf_mla_attention" ++ comptime suffix(dtype), grid, 32 * warps, shared, ptrs);
+                try k.runShared("tf_mla_attention_split" ++ comptime suffix(dtype), grid, 32 * warps, shared, ptrs);
             },
         }
+        // The fold: a block per (row, head, 128 dims).
         var c = .{ spread.acc, spread.ml, p.positions, s.counts, out, @as(c_int, @intCast(p.rows)), @as(c_int, @intCast(heads)) };
-        try k.run("tf_mla_combine", .{ @intCast(p.rows * heads), 1, 1 }, latent / 4, .{ &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6] });
+        try k.run("tf_mla_combine", .{ @intCast(p.rows * heads), latent / 128, 1 }, 128, .{ &c[0], &c[1], &c[2], &c[3], &c[4], &c[5], &c[6] });
     }
 
     /// out (rows, heads·v) = the heads' latents through W_UV: a block per (head, 32 columns, 8 rows).

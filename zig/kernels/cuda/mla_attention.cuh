@@ -1,0 +1,469 @@
+// MLA's attention over the latent cache, mla.cu's tf_mla_attention* entries: softmax(q·kᵀ·scale)·v
+// per (row, head) over the row's positions 0..pos, or its DSA selection (selected[row·topk ..]
+// [0..counts[row]], ascending) when `selected` is given: k = a cache row [latent | rope], v = its
+// latent. On tensor cores, the heads as the m of the products: a block per (row, 16 heads) and
+// every staged position serves the 16 heads.
+//
+// The block's 8 warps split the dims: warp w owns latent dims 64w .. 64w + 63, and rope dims 16w ..
+// 16w + 15 for w < 4. Per 16-position tile each warp computes its part of S = Q·Kᵀ (16 heads x 16
+// positions); a thread per (head, position) adds the parts in warp order and takes the online
+// softmax's step for its score (the 16 threads of a head share the tile's max and sum by shuffles);
+// every warp then reads the same P and accumulates O += P·V for its own 64 latent dims. The f32
+// query and probabilities ride as f16 high and low parts (mma.cuh), ~2^-22 relative per product.
+//
+// The stored bytes go to shared memory as they are (cp.async, MlaStages::kStages tiles in flight:
+// what keeps a long row's copies streaming where one tile in flight left every tile a memory
+// latency), and from there into B fragments: f16 by ldmatrix; fp8 codes by ldmatrix over code pairs,
+// widened in registers, a key's power-of-two scale on its column of S and a value's on its f16 pair
+// (exact: kv_store.cuh); f32 by lane loads split into f16 high and low parts. fp8's K fragments
+// hold dims 4t..4t+3 of a 16-dim step, so its query's A fragment takes the same dims, and its
+// output tile 2b + p holds dims 16b + 2j + p of the warp's 64 (mla_out_dim). Each tile's page is
+// looked up a tile ahead, so no copy waits on the page table or the selection.
+//
+// A row's positions (or selection) fall into kMlaSplits splits fixed by their count alone; within a
+// split an online softmax in position order; the splits' partials are folded left to right, either
+// in the attention block (gridDim.z == 1: a block per (row, 16 heads) running every split) or by
+// tf_mla_combine after a block per split wrote them to part_acc[((row·heads + h)·splits + s)·kv_lora
+// + d] and part_ml[.. ·2 + {max, sum}]: the same operations in the same order, so a row's bits do
+// not depend on its batch.
+#pragma once
+
+#include "kv_store.cuh"
+#include "mma.cuh"
+
+constexpr int kWarp = 32;
+constexpr int kMlaLatent = 512;  // kv_lora_rank of every GLM MLA model; the host refuses others
+constexpr int kMlaRope = 64;     // qk_rope_head_dim likewise
+constexpr int kMlaWidth = kMlaLatent + kMlaRope;
+constexpr int kMlaHeads = 16;  // heads per block: the m of the tensor-core products
+constexpr int kMlaWarps = 8;
+constexpr int kMlaThreads = kWarp * kMlaWarps;
+constexpr int kMlaTile = 16;  // positions per staged tile: one k step of P·V
+constexpr int kMlaWarpDims = kMlaLatent / kMlaWarps;
+constexpr int kMlaLatentSteps = kMlaWarpDims / 16;  // a warp's k steps of Q·Kᵀ over the latent
+constexpr int kMlaRopeWarps = kMlaRope / 16;        // the warps with a rope step after those
+constexpr int kMlaWarpSteps = kMlaLatentSteps + 1;
+constexpr int kMlaWarpTiles = kMlaWarpDims / 8;  // a warp's n tiles of P·V
+// 64 splits: a decode step's one row runs heads/16 x 64 blocks (GLM-4.7-Flash: 128) on 132 SMs.
+constexpr int kMlaSplits = 64;
+// The softmax's shared memory: the warps' parts of S (16 heads x 16 positions each, rows of 24
+// floats: a half warp's pair stores land in distinct banks), the probabilities P (the same shape),
+// then per head the rescale of the tile and, at a split's end, its (max, sum).
+constexpr int kMlaScorePitch = 24;
+constexpr int kMlaScoreFloats = kMlaHeads * kMlaScorePitch;
+constexpr int kMlaScoresBytes = ((kMlaWarps + 1) * kMlaScoreFloats + 4 * kMlaHeads) * 4;
+static_assert(kMlaHeads * kMlaTile == kMlaThreads, "a thread per score of the tile");
+static_assert(kMlaRopeWarps <= kMlaWarps && kMlaRope % 16 == 0, "a rope step for each of the first warps");
+static_assert(kMlaLatent % (16 * kMlaWarps) == 0, "the warps split the dims evenly");
+
+// Dynamic shared memory: kStages tiles of 16 rows as stored, then the softmax's. A row is padded so
+// that 8 rows' 16-byte pieces land in distinct banks (ldmatrix); f32 rows, read 8 bytes per lane,
+// by 32 so that a half warp's S loads do. Three tiles in flight for f16 (five for fp8's half-size
+// rows); f32's tile is twice f16's, so one. All under sm_12x's 99 KB per block.
+template <int kDtype>
+struct MlaStages {
+    static constexpr int kRowBytes = kMlaWidth * (kDtype == tf::kKvF32 ? 4 : kDtype == tf::kKvF16 ? 2 : 1);
+    static constexpr int kPitch = kRowBytes + (kDtype == tf::kKvF32 ? 32 : 16);
+    static constexpr int kPieces = kRowBytes / 16;  // 16-byte copies per row
+    static constexpr int kStageBytes = kMlaTile * kPitch;
+    static constexpr int kStages = kDtype == tf::kKvF32 ? 2 : kDtype == tf::kKvF16 ? 4 : 6;
+    static constexpr int kSharedBytes = kStages * kStageBytes + kMlaScoresBytes;
+};
+// The launch's sizes: attentionSharedBytes in mla_kernels.zig.
+static_assert(MlaStages<tf::kKvF32>::kSharedBytes == 88832, "attentionSharedBytes(.f32)");
+static_assert(MlaStages<tf::kKvF16>::kSharedBytes == 88832, "attentionSharedBytes(.f16)");
+static_assert(MlaStages<tf::kKvFp8>::kSharedBytes == 70912, "attentionSharedBytes(.fp8)");
+
+struct SplitRange {
+    int begin;
+    int end;
+};
+
+// Split `split` of `count` positions: whole tiles, the same per split, fixed by count alone.
+__device__ __forceinline__ SplitRange mla_split(int count, int split) {
+    const int tiles = (count + kMlaTile - 1) / kMlaTile;
+    const int per = (tiles + kMlaSplits - 1) / kMlaSplits;
+    return {min(split * per * kMlaTile, count), min((split + 1) * per * kMlaTile, count)};
+}
+
+// The splits of `count` positions that hold any: the first ones (mla_split's begin < count).
+__device__ __forceinline__ int mla_live_splits(int count) {
+    const int tiles = (count + kMlaTile - 1) / kMlaTile;
+    const int per = (tiles + kMlaSplits - 1) / kMlaSplits;
+    return (tiles + per - 1) / per;
+}
+
+// The latent dim of a warp's output tile n, column 2t + e (fp8's tiles interleave, as its V
+// fragments pair the codes).
+template <int kDtype>
+__device__ __forceinline__ int mla_out_dim(int warp, int t, int n, int e) {
+    return kMlaWarpDims * warp + (kDtype == tf::kKvFp8 ? 16 * (n / 2) + 4 * t + n % 2 + 2 * e : 8 * n + 2 * t + e);
+}
+
+template <int kDtype>
+__device__ __forceinline__ void mla_store_pair(float* p, float x, float y) {
+    if constexpr (kDtype == tf::kKvFp8) {
+        p[0] = x;
+        p[2] = y;
+    } else {
+        *reinterpret_cast<float2*>(p) = make_float2(x, y);
+    }
+}
+
+template <int kDtype>
+__device__ __forceinline__ float2 mla_load_pair(const float* p) {
+    if constexpr (kDtype == tf::kKvFp8) return make_float2(p[0], p[2]);
+    return *reinterpret_cast<const float2*>(p);
+}
+
+template <bool kSpread, int kDtype>
+__device__ __forceinline__ void mla_attention(const float* __restrict__ q, const float* __restrict__ q_lat, const void* __restrict__ cache,
+                                              const int8_t* __restrict__ exps, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
+                                              const uint32_t* __restrict__ table_offsets, const uint32_t* __restrict__ selected,
+                                              const uint32_t* __restrict__ counts, int topk, float* __restrict__ out,
+                                              float* __restrict__ part_acc, float* __restrict__ part_ml, int rows, int heads, int qk_dim,
+                                              int nope_dim, float scale, int layers, int layer, int page_tokens) {
+    using namespace tf;
+    using Stages = MlaStages<kDtype>;
+    constexpr bool kF32 = kDtype == kKvF32, kFp8 = kDtype == kKvFp8;
+    constexpr int kStages = Stages::kStages;
+    constexpr int kPitch = Stages::kPitch;
+    constexpr int kTasks = kMlaTile * Stages::kPieces;
+    extern __shared__ __align__(16) unsigned char mla_shared[];
+    // parts[w][head·24 + position]: warp w's part of S; probs likewise P; then per head the tile's
+    // rescale and the split's (max, sum).
+    float* parts = reinterpret_cast<float*>(mla_shared + kStages * Stages::kStageBytes);
+    float* probs = parts + kMlaWarps * kMlaScoreFloats;
+    float* rescales = probs + kMlaScoreFloats;
+    float2* split_ml = reinterpret_cast<float2*>(rescales + 2 * kMlaHeads);
+    const auto stage = [&](int c) { return mla_shared + (c % kStages) * Stages::kStageBytes; };
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int head_a = blockIdx.y * kMlaHeads + g, head_b = head_a + 8;  // this lane's two mma rows
+    const bool sparse = selected != nullptr;
+    const int count = sparse ? static_cast<int>(counts[row]) : static_cast<int>(positions[row]) + 1;
+    const uint32_t* picks = sparse ? selected + static_cast<size_t>(row) * topk : nullptr;
+    const int split_first = kSpread ? blockIdx.z : 0;
+    const int split_end = kSpread ? blockIdx.z + 1 : kMlaSplits;
+    if (count == 0) {  // an empty pooled selection (no tail): transformers' SDPA attends to nothing, 0
+        if (!kSpread)
+            for (int i = threadIdx.x; i < kMlaHeads * kMlaLatent; i += blockDim.x) {
+                const int h = blockIdx.y * kMlaHeads + i / kMlaLatent;
+                if (h < heads) out[(static_cast<size_t>(row) * heads + h) * kMlaLatent + i % kMlaLatent] = 0.f;
+            }
+        return;
+    }
+    if (mla_split(count, split_first).begin >= count) return;  // an empty split: the combine skips it
+    const uint32_t* table = tables + table_offsets[row];
+    const unsigned char* stored = static_cast<const unsigned char*>(cache);
+
+    // The query, scaled, as A fragments of this warp's steps: steps 0..3 its latent dims 64w + 16k ..,
+    // step 4 its rope dims (w < 4); register r holds head g (r even) or g + 8 (r odd) at dims
+    // +2t (+8 for r >= 2), fp8 +4t (+2 for r >= 2).
+    uint32_t qa[kMlaWarpSteps][2][4];
+#pragma unroll
+    for (int k = 0; k < kMlaWarpSteps; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
+            const int h = r % 2 == 0 ? head_a : head_b;
+            const int dim = (k < kMlaLatentSteps ? kMlaWarpDims * warp + 16 * k : 16 * warp) + (kFp8 ? 4 * t + 2 * (r / 2) : 2 * t + 8 * (r / 2));
+            float2 v = make_float2(0.f, 0.f);
+            if (h < heads && (k < kMlaLatentSteps || qk_dim > nope_dim))  // NoPE: no rope part
+                v = k < kMlaLatentSteps ? *reinterpret_cast<const float2*>(q_lat + (static_cast<size_t>(row) * heads + h) * kMlaLatent + dim)
+                                          : *reinterpret_cast<const float2*>(q + (static_cast<size_t>(row) * heads + h) * qk_dim + nope_dim + dim);
+            split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
+        }
+
+    // Whole: the splits fold into `out` itself (the block's own 16 heads), which costs a read and a
+    // write per split where registers for a second accumulator would spill.
+    float folded_max_a = -INFINITY, folded_max_b = -INFINITY, folded_sum_a = 0.f, folded_sum_b = 0.f;
+    float* out_a = out + (static_cast<size_t>(row) * heads + head_a) * kMlaLatent;
+    float* out_b = out + (static_cast<size_t>(row) * heads + head_b) * kMlaLatent;
+    for (int split = split_first; split < split_end; ++split) {
+        const SplitRange range = mla_split(count, split);
+        if (range.begin >= range.end) break;  // the splits after an empty one are empty too
+        const auto tile_start = [&](int c) { return range.begin + kMlaTile * c; };
+        // Lane l's cache element (row of the pool) of position l % 16 of tile c.
+        const auto element_of = [&](int c) -> size_t {
+            const int j = tile_start(c) + lane % kMlaTile;
+            if (j >= range.end) return 0;
+            const int p = sparse ? static_cast<int>(picks[j]) : j;
+            return (static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens;
+        };
+        size_t next_element = element_of(0);  // of the tile issued next
+        // fp8: the exponents of the tiles in flight, oldest first, and in the last slot the one issue()
+        // just loaded (constant indices: registers); lane l holds position l % 16's.
+        int tile_exps[kStages] = {};
+        // Tile c into its stage: task i of thread x copies piece (x + 256i) % pieces of row
+        // (x + 256i) / pieces, so a warp's copies cover a row's consecutive bytes.
+        const auto issue = [&](int c) {
+            const int t0 = tile_start(c);
+            unsigned char* to = stage(c);
+#pragma unroll
+            for (int i = 0; i < (kTasks + kMlaThreads - 1) / kMlaThreads; ++i) {
+                const int task = threadIdx.x + kMlaThreads * i;
+                const int j = task / Stages::kPieces, piece = task % Stages::kPieces;
+                const size_t element = __shfl_sync(0xFFFFFFFFu, next_element, j % kMlaTile);
+                if (task < kTasks) copy16_async(to + j * kPitch + 16 * piece, stored + element * Stages::kRowBytes + 16 * piece, t0 + j < range.end);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            if constexpr (kFp8) tile_exps[kStages - 1] = t0 + lane % kMlaTile < range.end ? exps[next_element] : 0;
+            if (tile_start(c + 1) < range.end) next_element = element_of(c + 1);
+        };
+        const auto issue_or_not = [&](int c) {
+            if (tile_start(c) < range.end) {
+                issue(c);
+            } else {
+                asm volatile("cp.async.commit_group;\n" ::: "memory");  // an empty group keeps the count
+            }
+            if constexpr (kFp8) {
+#pragma unroll
+                for (int i = 0; i + 1 < kStages; ++i) tile_exps[i] = tile_exps[i + 1];
+            }
+        };
+
+        float o[kMlaWarpTiles][4];
+#pragma unroll
+        for (int n = 0; n < kMlaWarpTiles; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
+        // The softmax's state of head threadIdx.x / 16 (each of its 16 threads holds it).
+        float run_max = -INFINITY, run_sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < kStages - 1; ++c) issue_or_not(c);
+        for (int c = 0; tile_start(c) < range.end; ++c) {
+            const int t0 = tile_start(c);
+            const int current = tile_exps[0];  // fp8: this tile's exponents
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
+            __syncthreads();  // tile c has landed, and every warp is done with tile c - 1 and its scores
+            issue_or_not(c + kStages - 1);
+            const unsigned char* tile = stage(c);
+            const unsigned char* lane_row = tile + (lane % kMlaTile) * kPitch + 16 * (lane / kMlaTile);  // fp8's ldmatrix rows
+
+            // This warp's part of S over its steps: the query's high parts' products in s, the low
+            // parts' in s_low (two chains of products where one would wait on the other), then added.
+            float s[2][4] = {}, s_low[2][4] = {};
+            if constexpr (kFp8) {
+                // Code pairs: matrix (positions 8n.., piece b) gives lane (g, t) position 8n + g, dims
+                // 16b + 4t .. 4t + 3, i.e. B rows 2t, 2t + 1 and 2t + 8, 2t + 9 of that step. The rope
+                // step's x4 load also takes the next piece (or the row's padding) and leaves it.
+#pragma unroll
+                for (int k = 0; k < kMlaWarpSteps; k += 2) {
+                    if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
+                    const int piece = k < kMlaLatentSteps ? kMlaLatentSteps * warp + k : kMlaLatent / 16 + warp;
+                    uint32_t codes[4];
+                    ldmatrix_x4(codes, lane_row + 16 * piece);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if (k + h >= kMlaWarpSteps) break;
+#pragma unroll
+                        for (int n = 0; n < 2; ++n) {
+                            const uint32_t c4 = codes[2 * h + n];
+                            const uint32_t b[2] = {fp8_pair_to_halves(static_cast<uint16_t>(c4)), fp8_pair_to_halves(static_cast<uint16_t>(c4 >> 16))};
+                            mma_16816(s[n], qa[k + h][0], b);
+                            mma_16816(s_low[n], qa[k + h][1], b);
+                        }
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < kMlaWarpSteps; ++k) {
+                    if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
+                    const int base = k < kMlaLatentSteps ? kMlaWarpDims * warp + 16 * k : kMlaLatent + 16 * warp;
+                    if constexpr (kF32) {
+                        // Lane (g, t): positions g and 8 + g at dims 2t, 2t + 1 and 2t + 8, 2t + 9.
+#pragma unroll
+                        for (int n = 0; n < 2; ++n) {
+                            const float* at = reinterpret_cast<const float*>(tile + (8 * n + g) * kPitch) + base + 2 * t;
+                            const float2 low = *reinterpret_cast<const float2*>(at);
+                            const float2 high = *reinterpret_cast<const float2*>(at + 8);
+                            uint32_t bh[2], bl[2];
+                            split_pair(low.x, low.y, bh[0], bl[0]);
+                            split_pair(high.x, high.y, bh[1], bl[1]);
+                            mma_16816(s[n], qa[k][0], bh);
+                            mma_16816(s[n], qa[k][0], bl);
+                            mma_16816(s_low[n], qa[k][1], bh);
+                        }
+                    } else {
+                        // ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
+                        const int position = lane % 8 + 8 * (lane / 16);
+                        const int dim = base + 8 * ((lane / 8) % 2);
+                        uint32_t kf[4];
+                        ldmatrix_x4(kf, tile + position * kPitch + 2 * dim);
+#pragma unroll
+                        for (int n = 0; n < 2; ++n) {
+                            const uint32_t b[2] = {kf[2 * n], kf[2 * n + 1]};
+                            mma_16816(s[n], qa[k][0], b);
+                            mma_16816(s_low[n], qa[k][1], b);
+                        }
+                    }
+                }
+            }
+            // Entries (n, 0..1) are head g's positions 8n + 2t + e, (n, 2..3) head g + 8's.
+            float* mine = parts + warp * kMlaScoreFloats;
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                *reinterpret_cast<float2*>(mine + g * kMlaScorePitch + 8 * n + 2 * t) = make_float2(s[n][0] + s_low[n][0], s[n][1] + s_low[n][1]);
+                *reinterpret_cast<float2*>(mine + (g + 8) * kMlaScorePitch + 8 * n + 2 * t) = make_float2(s[n][2] + s_low[n][2], s[n][3] + s_low[n][3]);
+            }
+            __syncthreads();
+            // The online softmax, once per score (each warp running it on the whole tile did 8x the
+            // work): thread 16h + p adds the warps' parts of head h, position p in warp order; fp8
+            // scales it by its key's power of two (lane p % 16 holds that exponent); the 16 threads of
+            // a head then share its tile max and sum by shuffles.
+            {
+                const int h = threadIdx.x / kMlaTile, p = threadIdx.x % kMlaTile;
+                float score = parts[h * kMlaScorePitch + p];
+#pragma unroll
+                for (int w = 1; w < kMlaWarps; ++w) score += parts[w * kMlaScoreFloats + h * kMlaScorePitch + p];
+                if constexpr (kFp8) score *= pow2f(current);
+                if (t0 + p >= range.end) score = -INFINITY;
+                float tile_max = score;
+#pragma unroll
+                for (int offset = kMlaTile / 2; offset > 0; offset /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, offset));
+                const float next = fmaxf(run_max, tile_max);
+                const float rescale = expf(run_max - next);  // 0 on the first tile, 1 where nothing is new
+                const float prob = expf(score - next);
+                float row_sum = prob;
+#pragma unroll
+                for (int offset = kMlaTile / 2; offset > 0; offset /= 2) row_sum += __shfl_xor_sync(0xFFFFFFFFu, row_sum, offset);
+                run_sum = run_sum * rescale + row_sum;
+                run_max = next;
+                probs[h * kMlaScorePitch + p] = prob;
+                if (p == 0) rescales[h] = rescale;
+            }
+            __syncthreads();
+            // O·rescale + P·V, one step of 16 positions: P as the A fragment, split in f16 parts.
+            const float rescale_a = rescales[g], rescale_b = rescales[g + 8];
+            if (__any_sync(0xFFFFFFFFu, rescale_a != 1.f || rescale_b != 1.f)) {  // once the max settles, a rescale by 1 changes no bit
+#pragma unroll
+                for (int n = 0; n < kMlaWarpTiles; ++n) {
+                    o[n][0] *= rescale_a;
+                    o[n][1] *= rescale_a;
+                    o[n][2] *= rescale_b;
+                    o[n][3] *= rescale_b;
+                }
+            }
+            uint32_t ph[4], pl[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // register r: head g (r even) or g + 8, positions 2t, 2t + 1 (+8 for r >= 2)
+                const float2 pr = *reinterpret_cast<const float2*>(probs + (g + 8 * (r % 2)) * kMlaScorePitch + 2 * t + 8 * (r / 2));
+                split_pair(pr.x, pr.y, ph[r], pl[r]);
+            }
+            if constexpr (kFp8) {
+                // ldmatrix.trans over code pairs gives lane (g, t), per matrix, positions 2t, 2t + 1
+                // (+8) at dims 16b + 2g, 2g + 1; a byte permute pairs the positions per dim. Each
+                // pair times its positions' scales.
+                const __half2 low_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 2 * t), __shfl_sync(0xFFFFFFFFu, current, 2 * t + 1));
+                const __half2 high_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 2 * t + 8), __shfl_sync(0xFFFFFFFFu, current, 2 * t + 9));
+                const auto widen = [](uint32_t codes, __half2 scales) {
+                    const uint32_t wide = fp8_pair_to_halves(static_cast<uint16_t>(codes));
+                    const __half2 value = __hmul2(*reinterpret_cast<const __half2*>(&wide), scales);
+                    return *reinterpret_cast<const uint32_t*>(&value);
+                };
+#pragma unroll
+                for (int b = 0; b < kMlaLatentSteps; b += 2) {
+                    uint32_t codes[4];
+                    ldmatrix_x4_trans(codes, lane_row + 16 * (kMlaLatentSteps * warp + b));
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t low = __byte_perm(codes[2 * h], 0, 0x3120);       // positions 2t, 2t + 1
+                        const uint32_t high = __byte_perm(codes[2 * h + 1], 0, 0x3120);  // positions 2t + 8, 2t + 9
+                        const uint32_t even[2] = {widen(low & 0xFFFFu, low_scales), widen(high & 0xFFFFu, high_scales)};
+                        const uint32_t odd[2] = {widen(low >> 16, low_scales), widen(high >> 16, high_scales)};
+                        mma_exact_b(o[2 * (b + h)], ph, pl, even);
+                        mma_exact_b(o[2 * (b + h) + 1], ph, pl, odd);
+                    }
+                }
+            } else if constexpr (kF32) {
+                // Lane (g, t): dim 8n + g at positions 2t, 2t + 1 and 2t + 8, 2t + 9.
+                const float* column = reinterpret_cast<const float*>(tile) + kMlaWarpDims * warp + g;
+                constexpr int kRow = kPitch / 4;
+#pragma unroll
+                for (int n = 0; n < kMlaWarpTiles; ++n) {
+                    const float* at = column + 8 * n + 2 * t * kRow;
+                    uint32_t bh[2], bl[2];
+                    split_pair(at[0], at[kRow], bh[0], bl[0]);
+                    split_pair(at[8 * kRow], at[9 * kRow], bh[1], bl[1]);
+                    mma_16816(o[n], ph, bh);
+                    mma_16816(o[n], ph, bl);
+                    mma_16816(o[n], pl, bh);
+                }
+            } else {
+                // ldmatrix.trans of 8 positions x 8 dims gives lane (g, t) positions 2t, 2t + 1 of dim g.
+#pragma unroll
+                for (int pair = 0; pair < kMlaWarpTiles / 2; ++pair) {
+                    const int position = lane % 8 + 8 * ((lane / 8) % 2);
+                    const int dim = kMlaWarpDims * warp + 16 * pair + 8 * (lane / 16);
+                    uint32_t vf[4];
+                    ldmatrix_x4_trans(vf, tile + position * kPitch + 2 * dim);
+#pragma unroll
+                    for (int n = 0; n < 2; ++n) {
+                        const uint32_t b[2] = {vf[2 * n], vf[2 * n + 1]};
+                        mma_exact_b(o[2 * pair + n], ph, pl, b);
+                    }
+                }
+            }
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        if (threadIdx.x % kMlaTile == 0) split_ml[threadIdx.x / kMlaTile] = make_float2(run_max, run_sum);
+        __syncthreads();  // the split's (max, sum) are out, and every warp is done with the stages
+        const float2 ml_a = split_ml[g], ml_b = split_ml[g + 8];
+        const float max_a = ml_a.x, total_a = ml_a.y, max_b = ml_b.x, total_b = ml_b.y;
+        if constexpr (kSpread) {
+            const size_t at_a = (static_cast<size_t>(row) * heads + head_a) * kMlaSplits + split;
+            const size_t at_b = (static_cast<size_t>(row) * heads + head_b) * kMlaSplits + split;
+#pragma unroll
+            for (int n = 0; n < kMlaWarpTiles; ++n) {
+                const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
+                if (head_a < heads) mla_store_pair<kDtype>(part_acc + at_a * kMlaLatent + dim, o[n][0], o[n][1]);
+                if (head_b < heads) mla_store_pair<kDtype>(part_acc + at_b * kMlaLatent + dim, o[n][2], o[n][3]);
+            }
+            if (warp == 0 && t == 0) {
+                if (head_a < heads) *reinterpret_cast<float2*>(part_ml + 2 * at_a) = make_float2(max_a, total_a);
+                if (head_b < heads) *reinterpret_cast<float2*>(part_ml + 2 * at_b) = make_float2(max_b, total_b);
+            }
+        } else {
+            const float next_a = fmaxf(folded_max_a, max_a), next_b = fmaxf(folded_max_b, max_b);
+            const float xa = expf(folded_max_a - next_a), ya = expf(max_a - next_a);  // x: 0 on the first split
+            const float xb = expf(folded_max_b - next_b), yb = expf(max_b - next_b);
+            folded_sum_a = __fadd_rn(__fmul_rn(folded_sum_a, xa), __fmul_rn(total_a, ya));
+            folded_sum_b = __fadd_rn(__fmul_rn(folded_sum_b, xb), __fmul_rn(total_b, yb));
+            const bool first = split == split_first;  // `out` holds no fold yet: zeros, as the combine starts
+#pragma unroll
+            for (int n = 0; n < kMlaWarpTiles; ++n) {
+                const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
+                if (head_a < heads) {
+                    const float2 was = first ? make_float2(0.f, 0.f) : mla_load_pair<kDtype>(out_a + dim);
+                    mla_store_pair<kDtype>(out_a + dim, __fadd_rn(__fmul_rn(was.x, xa), __fmul_rn(o[n][0], ya)),
+                                           __fadd_rn(__fmul_rn(was.y, xa), __fmul_rn(o[n][1], ya)));
+                }
+                if (head_b < heads) {
+                    const float2 was = first ? make_float2(0.f, 0.f) : mla_load_pair<kDtype>(out_b + dim);
+                    mla_store_pair<kDtype>(out_b + dim, __fadd_rn(__fmul_rn(was.x, xb), __fmul_rn(o[n][2], yb)),
+                                           __fadd_rn(__fmul_rn(was.y, xb), __fmul_rn(o[n][3], yb)));
+                }
+            }
+            folded_max_a = next_a;
+            folded_max_b = next_b;
+        }
+    }
+    if constexpr (!kSpread) {
+#pragma unroll
+        for (int n = 0; n < kMlaWarpTiles; ++n) {
+            const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
+            if (head_a < heads) {
+                const float2 v = mla_load_pair<kDtype>(out_a + dim);
+                mla_store_pair<kDtype>(out_a + dim, __fdiv_rn(v.x, folded_sum_a), __fdiv_rn(v.y, folded_sum_a));
+            }
+            if (head_b < heads) {
+                const float2 v = mla_load_pair<kDtype>(out_b + dim);
+                mla_store_pair<kDtype>(out_b + dim, __fdiv_rn(v.x, folded_sum_b), __fdiv_rn(v.y, folded_sum_b));
+            }
+        }
+    }
+}
