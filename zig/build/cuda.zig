@@ -88,6 +88,7 @@ const headers = [_][]const u8{
     "mla_attention.cuh",
     "mma.cuh",
     "moe_route.cuh",
+    "split_fold.cuh",
     "swiglu.cuh",
 };
 

@@ -3,6 +3,8 @@
 // helpers it uses (warp_sum, warp_max, the online softmax of mma.cuh).
 #pragma once
 
+#include "split_fold.cuh"
+
 // ---- attention ----
 
 // Per-head RMSNorm (optional), partial rotate-half RoPE on the first rotary_dim dims (GLM.md §3.4),
@@ -223,12 +225,9 @@ extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restr
     }
 }
 
-// The fold of tf_attention's split partials: a block per (row, query head), a thread per dim. Warp
-// 0 turns the 32 splits' (max, sum) into each split's two fold factors at once (the running max
-// before split s is the max over splits < s: a scan); then every thread folds the sums and its
-// dim's partials left to right with those factors, its loads issued together: the operations of
-// fold_split in its order, so the bits equal the block's own fold.
-static_assert(kAttentionSplits == kWarp, "a lane per split");
+// The fold of tf_attention's split partials: a block per (row, query head), a thread per dim, its
+// loads issued together, folded as split_fold.cuh does (fold_split's operations in its order, so the
+// bits equal the block's own fold).
 extern "C" __global__ void __launch_bounds__(128) tf_attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                                                      const uint32_t* __restrict__ positions, const int* __restrict__ skip,
                                                                      float* __restrict__ out, int rows, int heads, int head_dim) {
@@ -244,30 +243,8 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_combine(const flo
 #pragma unroll
     for (int split = 0; split < kAttentionSplits; ++split)
         a[split] = split < live && mine ? part_acc[(first + split) * head_dim + threadIdx.x] : 0.f;
-    if (threadIdx.x < kWarp) {
-        const int lane = threadIdx.x;
-        const float2 ml = lane < live ? reinterpret_cast<const float2*>(part_ml)[first + lane] : make_float2(-INFINITY, 0.f);
-        float running = ml.x;  // inclusive max scan: fold_split's `next` at this split
-#pragma unroll
-        for (int offset = 1; offset < kWarp; offset *= 2) {
-            const float other = __shfl_up_sync(0xFFFFFFFFu, running, offset);
-            if (lane >= offset) running = fmaxf(running, other);
-        }
-        float before = __shfl_up_sync(0xFFFFFFFFu, running, 1);  // fold_split's `max` at this split
-        if (lane == 0) before = -INFINITY;
-        factors[0][lane] = expf(before - running);
-        factors[1][lane] = expf(ml.x - running);
-        factors[2][lane] = ml.y;
-    }
+    if (threadIdx.x < kWarp) split_fold_factors(factors, part_ml, first, live, threadIdx.x);
     __syncthreads();
     if (!mine) return;
-    float sum = 0.f, acc = 0.f;
-#pragma unroll
-    for (int split = 0; split < kAttentionSplits; ++split)
-        if (split < live) {
-            const float x = factors[0][split], y = factors[1][split];
-            sum = __fadd_rn(__fmul_rn(sum, x), __fmul_rn(factors[2][split], y));
-            acc = __fadd_rn(__fmul_rn(acc, x), __fmul_rn(a[split], y));
-        }
-    out[(static_cast<size_t>(row) * heads + h) * head_dim + threadIdx.x] = __fdiv_rn(acc, sum);
+    out[(static_cast<size_t>(row) * heads + h) * head_dim + threadIdx.x] = split_fold(factors, a, live);
 }

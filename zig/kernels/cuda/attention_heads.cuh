@@ -267,29 +267,15 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
                     }
                 }
             } else {
-                // ldmatrix.trans over code pairs gives lane (g, t), per matrix, positions 2t, 2t + 1
-                // (+8) at dims 16b + 2g, 2g + 1; a byte permute pairs the positions per dim. Each
-                // pair times its positions' scales (lanes 16 + j hold the V exponents).
+                // ldmatrix.trans over code pairs, then mma_fp8_values; lanes 16 + j hold the V exponents.
                 const __half2 low_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 16 + 2 * t), __shfl_sync(0xFFFFFFFFu, current, 17 + 2 * t));
                 const __half2 high_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 24 + 2 * t), __shfl_sync(0xFFFFFFFFu, current, 25 + 2 * t));
-                const auto widen = [](uint32_t codes, __half2 scales) {
-                    const uint32_t wide = fp8_pair_to_halves(static_cast<uint16_t>(codes));
-                    const __half2 value = __hmul2(*reinterpret_cast<const __half2*>(&wide), scales);
-                    return *reinterpret_cast<const uint32_t*>(&value);
-                };
 #pragma unroll
                 for (int b = 0; b < kSteps; b += 2) {
                     uint32_t codes[4];
                     ldmatrix_x4_trans(codes, v_lane + 16 * b);
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint32_t low = __byte_perm(codes[2 * h], 0, 0x3120);       // positions 2t, 2t + 1
-                        const uint32_t high = __byte_perm(codes[2 * h + 1], 0, 0x3120);  // positions 2t + 8, 2t + 9
-                        const uint32_t even[2] = {widen(low & 0xFFFFu, low_scales), widen(high & 0xFFFFu, high_scales)};
-                        const uint32_t odd[2] = {widen(low >> 16, low_scales), widen(high >> 16, high_scales)};
-                        mma_exact_b(o[2 * (b + h)], ph, pl, even);
-                        mma_exact_b(o[2 * (b + h) + 1], ph, pl, odd);
-                    }
+                    for (int h = 0; h < 2; ++h) mma_fp8_values(o[2 * (b + h)], o[2 * (b + h) + 1], ph, pl, codes[2 * h], codes[2 * h + 1], low_scales, high_scales);
                 }
             }
             __syncwarp();  // every lane is done with this stage before it is refilled

@@ -9,6 +9,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "mma.cuh"
+
 namespace tf {
 
 enum KvDtype : int { kKvF32 = 1, kKvF16 = 2, kKvFp8 = 3 };
@@ -68,6 +70,20 @@ __device__ __forceinline__ __half2 fp8_scale_pair(int8_t e) {
 // (2^e_low, 2^e_high) as f16 (exact for the exponents above).
 __device__ __forceinline__ __half2 fp8_scales(int e_low, int e_high) {
     return __floats2half2_rn(pow2f(e_low), pow2f(e_high));
+}
+
+// O += P·V over one 16-position k step of fp8 values: `low_codes` and `high_codes` as ldmatrix.trans
+// over code pairs gives them (lane (g, t): positions 2t, 2t + 1, resp. 2t + 8, 2t + 9, at the dim pair
+// 2g, 2g + 1), a byte permute pairs the positions per dim, each pair times its positions' scales
+// (exact f16); tile `even` takes the pair's first dim, `odd` its second. The decode attentions' V.
+__device__ __forceinline__ void mma_fp8_values(float (&even)[4], float (&odd)[4], const uint32_t (&ph)[4], const uint32_t (&pl)[4], uint32_t low_codes,
+                                               uint32_t high_codes, __half2 low_scales, __half2 high_scales) {
+    const uint32_t low = __byte_perm(low_codes, 0, 0x3120);
+    const uint32_t high = __byte_perm(high_codes, 0, 0x3120);
+    const uint32_t first[2] = {fp8_pair_to_halves(static_cast<uint16_t>(low), low_scales), fp8_pair_to_halves(static_cast<uint16_t>(high), high_scales)};
+    const uint32_t second[2] = {fp8_pair_to_halves(static_cast<uint16_t>(low >> 16), low_scales), fp8_pair_to_halves(static_cast<uint16_t>(high >> 16), high_scales)};
+    mma_exact_b(even, ph, pl, first);
+    mma_exact_b(odd, ph, pl, second);
 }
 
 // Stores one head's `dims` values (a warp, lane-strided) at element `at` of a cache of `dtype`;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "mla_attention.cuh"
+#include "split_fold.cuh"
 
 namespace {
 
@@ -191,12 +192,10 @@ extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention_split_fp8(TF_MLA_ATTEN
 }
 
 // The fold of tf_mla_attention's split partials: a block per (row, head, 128 dims), a thread per
-// dim. Warp 0 turns the splits' (max, sum) into each split's two fold factors at once (the running
-// max before split s is the max over splits < s: a scan, two splits per lane); then every thread
-// folds the sums and its dim's partials left to right with those factors, its loads issued
-// together: the operations of the attention block's own fold in its order, so the same bits.
+// dim, its loads issued together, folded as split_fold.cuh does (the attention block's own fold
+// in its order, so the same bits).
 constexpr int kCombineThreads = 128;
-static_assert(kMlaSplits == 2 * kWarp && kMlaLatent % kCombineThreads == 0, "two splits per lane, whole blocks of dims");
+static_assert(kMlaLatent % kCombineThreads == 0, "whole blocks of dims");
 
 extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, const uint32_t* __restrict__ positions,
@@ -217,43 +216,9 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
     float a[kMlaSplits];
 #pragma unroll
     for (int split = 0; split < kMlaSplits; ++split) a[split] = split < live ? part_acc[(first + split) * kMlaLatent + d] : 0.f;
-    if (threadIdx.x < kWarp) {
-        const int lane = threadIdx.x;
-        float2 ml[2];
-        float running[2];  // inclusive max scans: the fold's `next` at splits lane and 32 + lane
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int split = lane + kWarp * i;
-            ml[i] = split < live ? reinterpret_cast<const float2*>(part_ml)[first + split] : make_float2(-INFINITY, 0.f);
-            running[i] = ml[i].x;
-#pragma unroll
-            for (int offset = 1; offset < kWarp; offset *= 2) {
-                const float other = __shfl_up_sync(0xFFFFFFFFu, running[i], offset);
-                if (lane >= offset) running[i] = fmaxf(running[i], other);
-            }
-        }
-        const float low_max = __shfl_sync(0xFFFFFFFFu, running[0], kWarp - 1);
-        running[1] = fmaxf(running[1], low_max);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float before = __shfl_up_sync(0xFFFFFFFFu, running[i], 1);  // the fold's `max` at this split
-            if (lane == 0) before = i == 0 ? -INFINITY : low_max;
-            const int split = lane + kWarp * i;
-            factors[0][split] = expf(before - running[i]);
-            factors[1][split] = expf(ml[i].x - running[i]);
-            factors[2][split] = ml[i].y;
-        }
-    }
+    if (threadIdx.x < kWarp) split_fold_factors(factors, part_ml, first, live, threadIdx.x);
     __syncthreads();
-    float sum = 0.f, acc = 0.f;
-#pragma unroll
-    for (int split = 0; split < kMlaSplits; ++split)
-        if (split < live) {
-            const float x = factors[0][split], y = factors[1][split];
-            sum = __fadd_rn(__fmul_rn(sum, x), __fmul_rn(factors[2][split], y));
-            acc = __fadd_rn(__fmul_rn(acc, x), __fmul_rn(a[split], y));
-        }
-    *target = __fdiv_rn(acc, sum);
+    *target = split_fold(factors, a, live);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_v_up(const float* __restrict__ lat, const float* __restrict__ wuv_t,

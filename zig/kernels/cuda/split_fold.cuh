@@ -1,0 +1,58 @@
+// The split combines' shared step (tf_attention_combine, tf_mla_combine): warp 0 turns a row's
+// splits' (max, sum) into each split's two fold factors at once, then every thread folds its dim's
+// partials left to right with them. The running max before split s is the max over splits < s (a
+// scan, 32 splits per lane chunk), so the factors and the fold are fold_split's operations in its
+// order: the bits equal an attention block's own fold of the same splits.
+#pragma once
+
+#include <math.h>
+
+// factors[0][s], [1][s]: the fold's factor of the splits before s and of split s; [2][s] its sum.
+// Splits 0 .. live - 1 of part_ml[(first + s)·2 + {max, sum}]; called by the 32 lanes of one warp.
+template <int kSplits>
+__device__ __forceinline__ void split_fold_factors(float (&factors)[3][kSplits], const float* __restrict__ part_ml, size_t first, int live, int lane) {
+    constexpr int kChunks = kSplits / 32;
+    static_assert(kSplits % 32 == 0, "whole chunks of 32 splits");
+    float2 ml[kChunks];
+    float running[kChunks];  // inclusive max scans: the fold's `next` at split lane + 32i
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+        const int split = lane + 32 * i;
+        ml[i] = split < live ? reinterpret_cast<const float2*>(part_ml)[first + split] : make_float2(-INFINITY, 0.f);
+        running[i] = ml[i].x;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset *= 2) {
+            const float other = __shfl_up_sync(0xFFFFFFFFu, running[i], offset);
+            if (lane >= offset) running[i] = fmaxf(running[i], other);
+        }
+    }
+    float carry[kChunks];  // the max over the chunks before
+#pragma unroll
+    for (int i = 1; i < kChunks; ++i) {
+        carry[i] = __shfl_sync(0xFFFFFFFFu, running[i - 1], 31);
+        running[i] = fmaxf(running[i], carry[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+        float before = __shfl_up_sync(0xFFFFFFFFu, running[i], 1);  // the fold's `max` at this split
+        if (lane == 0) before = i == 0 ? -INFINITY : carry[i];
+        const int split = lane + 32 * i;
+        factors[0][split] = expf(before - running[i]);
+        factors[1][split] = expf(ml[i].x - running[i]);
+        factors[2][split] = ml[i].y;
+    }
+}
+
+// The fold of a dim's live partials a[0 .. live - 1] with the factors, divided by the folded sum.
+template <int kSplits>
+__device__ __forceinline__ float split_fold(const float (&factors)[3][kSplits], const float (&a)[kSplits], int live) {
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int split = 0; split < kSplits; ++split)
+        if (split < live) {
+            const float x = factors[0][split], y = factors[1][split];
+            sum = __fadd_rn(__fmul_rn(sum, x), __fmul_rn(factors[2][split], y));
+            acc = __fadd_rn(__fmul_rn(acc, x), __fmul_rn(a[split], y));
+        }
+    return __fdiv_rn(acc, sum);
+}
