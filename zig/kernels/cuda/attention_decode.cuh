@@ -60,14 +60,15 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
 // them once.
 //
 // A row's positions fall into kAttentionSplits splits of whole tiles, fixed by its length alone
-// (attention_split). Within a split, an online softmax in position order: per tile, lane j scores
-// position j over the whole head, the tile's max and sum (fixed butterflies) rescale the running sum
-// and accumulator, and each lane accumulates its 4 dims over the tile's positions in order. The
-// splits' (max, sum, accumulator) are then folded left to right (fold_split). Either one block per
-// (row, KV head) runs every split and folds them itself (gridDim.y == 1), or a block per split writes
-// its partial to `part_*` and tf_attention_combine folds them: the same operations in the same order,
-// so a row's bits are the same either way, and the host may spread a decode step's few long rows
-// over the whole GPU (flash-decoding) without changing a bit. head_dim <= 128, a multiple of 4.
+// (split_range, split_fold.cuh). Within a split, an online softmax in position order: per tile,
+// lane j scores position j over the whole head, the tile's max and sum (fixed butterflies) rescale
+// the running sum and accumulator, and each lane accumulates its 4 dims over the tile's positions
+// in order. The splits' (max, sum, accumulator) are then folded left to right (fold_split). Either
+// one block per (row, KV head) runs every split and folds them itself (gridDim.y == 1), or a block
+// per split writes its partial to `part_*` and tf_attention_combine folds them: the same operations
+// in the same order, so a row's bits are the same either way, and the host may spread a decode
+// step's few long rows over the whole GPU (flash-decoding) without changing a bit. head_dim <= 128,
+// a multiple of 4.
 constexpr int kAttentionTile = 32;
 constexpr int kAttentionPitch = 128 + 4;  // float4 rows of 8 lanes land in distinct banks
 constexpr int kAttentionWarps = 12;
@@ -77,24 +78,6 @@ constexpr int kAttentionSplits = 32;
 constexpr int kAttentionStage = 2 * kAttentionTile * kAttentionPitch;  // floats: K tile, V tile
 constexpr int kAttentionSharedBytes = (2 * kAttentionStage + kAttentionWarps * kAttentionPitch) * 4;
 static_assert(kAttentionSharedBytes == 73920, "the launch's size: attention_shared_bytes in glm_kernels.zig");
-
-struct SplitRange {
-    int begin;
-    int end;
-};
-
-__device__ __forceinline__ SplitRange attention_split(int length, int split) {
-    const int tiles = (length + kAttentionTile - 1) / kAttentionTile;
-    const int per = (tiles + kAttentionSplits - 1) / kAttentionSplits;
-    return {min(split * per * kAttentionTile, length), min((split + 1) * per * kAttentionTile, length)};
-}
-
-// The splits with positions: they start before the end, and every one after the first empty is empty.
-__device__ __forceinline__ int attention_live_splits(int length) {
-    const int tiles = (length + kAttentionTile - 1) / kAttentionTile;
-    const int span = (tiles + kAttentionSplits - 1) / kAttentionSplits * kAttentionTile;
-    return (length + span - 1) / span;
-}
 
 // (max, sum, acc) ⊕= a split's (m, l, a), N accumulators. Rounded operations only (no
 // contraction), so that the attention kernels and the combine kernel compute the same bits.
@@ -138,7 +121,7 @@ extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restr
     const int length = static_cast<int>(positions[row]) + 1;
     const int split_first = spread ? blockIdx.y : 0;
     const int split_end = spread ? blockIdx.y + 1 : kAttentionSplits;
-    if (attention_split(length, split_first).begin >= length) return;  // an empty split: the combine skips it
+    if (split_range<kAttentionTile, kAttentionSplits>(length, split_first).begin >= length) return;  // an empty split: the combine skips it
     const int group = heads / kv_heads;
     const int warps = blockDim.x / kWarp;
     const int warp = threadIdx.x / kWarp;
@@ -155,7 +138,7 @@ extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restr
         float folded_max = -INFINITY, folded_sum = 0.f;
         float folded[4] = {0.f, 0.f, 0.f, 0.f};
         for (int split = split_first; split < split_end; ++split) {
-            const SplitRange range = attention_split(length, split);
+            const SplitRange range = split_range<kAttentionTile, kAttentionSplits>(length, split);
             if (range.begin >= range.end) break;  // the splits after an empty one are empty too
             float running_max = -INFINITY, running_sum = 0.f;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -237,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(128) tf_attention_combine(const flo
     if (row >= rows || (skip && skip[row])) return;
     const int length = static_cast<int>(positions[row]) + 1;
     const size_t first = (static_cast<size_t>(row) * heads + h) * kAttentionSplits;
-    const int live = attention_live_splits(length);
+    const int live = live_splits<kAttentionTile, kAttentionSplits>(length);
     const bool mine = static_cast<int>(threadIdx.x) < head_dim;
     float a[kAttentionSplits];
 #pragma unroll

@@ -1,6 +1,6 @@
 // Decode attention of class A (GQA) over an f16 or fp8 cache (kv_store.cuh), on tensor cores with
 // the query heads of a KV head as the m of the products (as mla.cu takes its heads), part of
-// glm_forward.cu's module after attention_decode.cuh (attention_split, fold_split, the combine).
+// glm_forward.cu's module after attention_decode.cuh (fold_split, the combine; split_range of split_fold.cuh).
 //
 // tf_attention (attention_decode.cuh) reads an f32 cache with a warp per query head: every staged
 // position is read from shared memory once per head of the group (12 for GLM-4.5), which bounds it
@@ -18,7 +18,7 @@
 // fragment takes the same dims; its V fragments pair positions 2t, 2t+1 per dim (ldmatrix.trans
 // over code pairs, then a byte permute), so output tile 2b + p holds dims 16b + 2j + p.
 //
-// A row's positions fall into tf_attention's splits (attention_split, by its length alone); within a
+// A row's positions fall into tf_attention's splits (split_range, by its length alone); within a
 // split, warp w takes chunks w, w + 4, .. and keeps its own online softmax, and the 4 warps' states
 // are folded in warp order; the splits then fold left to right (fold_split), in the block (gridDim.y
 // == 1) or by tf_attention_combine from part_* (a block per split): the same operations in the same
@@ -76,7 +76,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
     const int length = static_cast<int>(positions[row]) + 1;
     const int split_first = spread ? blockIdx.y : 0;
     const int split_end = spread ? blockIdx.y + 1 : kAttentionSplits;
-    if (attention_split(length, split_first).begin >= length) return;  // an empty split: the combine skips it
+    if (split_range<kAttentionTile, kAttentionSplits>(length, split_first).begin >= length) return;  // an empty split: the combine skips it
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
@@ -119,7 +119,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
     // row, two lanes fill a sector; the two orders measured within 10% for fp8, this one ahead;
     // docs/measurements.md). fp8: lane l < 16 also loads row l's K exponent, lane 16 + l its V's.
     for (int split = split_first; split < split_end; ++split) {
-        const SplitRange range = attention_split(length, split);
+        const SplitRange range = split_range<kAttentionTile, kAttentionSplits>(length, split);
         if (range.begin >= range.end) break;  // the splits after an empty one are empty too
         // Chunk c of this warp starts at range.begin + 16·(warp + 4c).
         const auto chunk_start = [&](int c) { return range.begin + kHeadsChunk * (warp + kHeadsWarps * c); };

@@ -10,7 +10,6 @@
 #include <stdint.h>
 
 #include "mla_attention.cuh"
-#include "split_fold.cuh"
 
 namespace {
 
@@ -167,29 +166,19 @@ extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(c
 // takes the registers of a single block (ptxas otherwise caps some of them at 128 and spills).
 #define TF_MLA_BOUNDS __launch_bounds__(kMlaThreads, 1)
 
-// Every split in the block, folded there: prompt rows (and steps with many rows). Named by the
-// cache's dtype (none: f32; fp8 takes its rows' exponents in `exps`). Grid (rows, heads / 16, 1 or
-// kMlaSplits); block kMlaThreads; dynamic shared memory MlaStages<dtype>::kSharedBytes.
-extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<false, tf::kKvF32>(TF_MLA_ATTENTION_PASS);
-}
-extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention_f16(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<false, tf::kKvF16>(TF_MLA_ATTENTION_PASS);
-}
-extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention_fp8(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<false, tf::kKvFp8>(TF_MLA_ATTENTION_PASS);
-}
+#define TF_MLA_ENTRY(name, spread, dtype) \
+    extern "C" __global__ void TF_MLA_BOUNDS name(TF_MLA_ATTENTION_ARGS) { mla_attention<spread, dtype>(TF_MLA_ATTENTION_PASS); }
 
+// Grid (rows, heads / 16, 1 or kMlaSplits); block kMlaThreads; dynamic shared memory
+// MlaStages<dtype>::kSharedBytes. Named by the cache's dtype (none: f32; fp8 takes its rows'
+// exponents in `exps`). Every split in the block, folded there: prompt rows (and steps with many rows).
+TF_MLA_ENTRY(tf_mla_attention, false, tf::kKvF32)
+TF_MLA_ENTRY(tf_mla_attention_f16, false, tf::kKvF16)
+TF_MLA_ENTRY(tf_mla_attention_fp8, false, tf::kKvFp8)
 // A block per split (gridDim.z == kMlaSplits), partials for tf_mla_combine: a decode step's rows.
-extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention_split(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<true, tf::kKvF32>(TF_MLA_ATTENTION_PASS);
-}
-extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention_split_f16(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<true, tf::kKvF16>(TF_MLA_ATTENTION_PASS);
-}
-extern "C" __global__ void TF_MLA_BOUNDS tf_mla_attention_split_fp8(TF_MLA_ATTENTION_ARGS) {
-    mla_attention<true, tf::kKvFp8>(TF_MLA_ATTENTION_PASS);
-}
+TF_MLA_ENTRY(tf_mla_attention_split, true, tf::kKvF32)
+TF_MLA_ENTRY(tf_mla_attention_split_f16, true, tf::kKvF16)
+TF_MLA_ENTRY(tf_mla_attention_split_fp8, true, tf::kKvFp8)
 
 // The fold of tf_mla_attention's split partials: a block per (row, head, 128 dims), a thread per
 // dim, its loads issued together, folded as split_fold.cuh does (the attention block's own fold
@@ -211,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
         *target = 0.f;
         return;
     }
-    const int live = mla_live_splits(count);
+    const int live = live_splits<kMlaTile, kMlaSplits>(count);
     const size_t first = static_cast<size_t>(task) * kMlaSplits;
     float a[kMlaSplits];
 #pragma unroll

@@ -30,6 +30,7 @@
 
 #include "kv_store.cuh"
 #include "mma.cuh"
+#include "split_fold.cuh"
 
 constexpr int kWarp = 32;
 constexpr int kMlaLatent = 512;  // kv_lora_rank of every GLM MLA model; the host refuses others
@@ -73,25 +74,6 @@ struct MlaStages {
 static_assert(MlaStages<tf::kKvF32>::kSharedBytes == 88832, "attentionSharedBytes(.f32)");
 static_assert(MlaStages<tf::kKvF16>::kSharedBytes == 88832, "attentionSharedBytes(.f16)");
 static_assert(MlaStages<tf::kKvFp8>::kSharedBytes == 70912, "attentionSharedBytes(.fp8)");
-
-struct SplitRange {
-    int begin;
-    int end;
-};
-
-// Split `split` of `count` positions: whole tiles, the same per split, fixed by count alone.
-__device__ __forceinline__ SplitRange mla_split(int count, int split) {
-    const int tiles = (count + kMlaTile - 1) / kMlaTile;
-    const int per = (tiles + kMlaSplits - 1) / kMlaSplits;
-    return {min(split * per * kMlaTile, count), min((split + 1) * per * kMlaTile, count)};
-}
-
-// The splits of `count` positions that hold any: the first ones (mla_split's begin < count).
-__device__ __forceinline__ int mla_live_splits(int count) {
-    const int tiles = (count + kMlaTile - 1) / kMlaTile;
-    const int per = (tiles + kMlaSplits - 1) / kMlaSplits;
-    return (tiles + per - 1) / per;
-}
 
 // The latent dim of a warp's output tile n, column 2t + e (fp8's tiles interleave, as its V
 // fragments pair the codes).
@@ -156,7 +138,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             }
         return;
     }
-    if (mla_split(count, split_first).begin >= count) return;  // an empty split: the combine skips it
+    if (split_range<kMlaTile, kMlaSplits>(count, split_first).begin >= count) return;  // an empty split: the combine skips it
     const uint32_t* table = tables + table_offsets[row];
     const unsigned char* stored = static_cast<const unsigned char*>(cache);
 
@@ -184,7 +166,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     float* out_a = out + (static_cast<size_t>(row) * heads + head_a) * kMlaLatent;
     float* out_b = out + (static_cast<size_t>(row) * heads + head_b) * kMlaLatent;
     for (int split = split_first; split < split_end; ++split) {
-        const SplitRange range = mla_split(count, split);
+        const SplitRange range = split_range<kMlaTile, kMlaSplits>(count, split);
         if (range.begin >= range.end) break;  // the splits after an empty one are empty too
         const auto tile_start = [&](int c) { return range.begin + kMlaTile * c; };
         // Lane l's cache element (row of the pool) of position l % 16 of tile c.

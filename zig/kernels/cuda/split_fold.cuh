@@ -1,11 +1,34 @@
-// The split combines' shared step (tf_attention_combine, tf_mla_combine): warp 0 turns a row's
-// splits' (max, sum) into each split's two fold factors at once, then every thread folds its dim's
-// partials left to right with them. The running max before split s is the max over splits < s (a
-// scan, 32 splits per lane chunk), so the factors and the fold are fold_split's operations in its
-// order: the bits equal an attention block's own fold of the same splits.
+// The decode attentions' splits (attention_decode.cuh, attention_heads.cuh, mla_attention.cuh): where
+// a row's positions fall, fixed by their count alone, and the combines' fold of the splits'
+// partials: warp 0 turns a row's splits' (max, sum) into each split's two fold factors at once,
+// then every thread folds its dim's partials left to right with them. The running max before split
+// s is the max over splits < s (a scan, 32 splits per lane chunk), so the factors and the fold are
+// fold_split's operations in its order: the bits equal an attention block's own fold of the same
+// splits.
 #pragma once
 
 #include <math.h>
+
+struct SplitRange {
+    int begin;
+    int end;
+};
+
+// Split `split` of `count` positions: whole tiles of kTile, the same number per split.
+template <int kTile, int kSplits>
+__device__ __forceinline__ SplitRange split_range(int count, int split) {
+    const int tiles = (count + kTile - 1) / kTile;
+    const int per = (tiles + kSplits - 1) / kSplits;
+    return {min(split * per * kTile, count), min((split + 1) * per * kTile, count)};
+}
+
+// The splits with positions: they start before the end, and every one after the first empty is empty.
+template <int kTile, int kSplits>
+__device__ __forceinline__ int live_splits(int count) {
+    const int tiles = (count + kTile - 1) / kTile;
+    const int span = (tiles + kSplits - 1) / kSplits * kTile;
+    return (count + span - 1) / span;
+}
 
 // factors[0][s], [1][s]: the fold's factor of the splits before s and of split s; [2][s] its sum.
 // Splits 0 .. live - 1 of part_ml[(first + s)·2 + {max, sum}]; called by the 32 lanes of one warp.
