@@ -14,7 +14,8 @@ worker processes on loopback (rank r on GPU r with cuda).
 Beside each decode row: the megabytes a step must read (roofline.py: weights as stored, the
 routed experts the step's rows are expected to pick, the KV cache in --kv-dtype at the row's mean context)
 and, given --bandwidth-gbs (tf-bench's measured copy bandwidth, per GPU), the tokens per second
-that bandwidth allows and the measured share of it."""
+that bandwidth allows and the measured share of it. With --profile, after each greedy row's timed
+steps one more step is timed launch by launch (step_timeline.py)."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ import time
 
 import numpy as np
 
-from . import Engine, Sampling, library_path, roofline
+from . import Engine, Sampling, library_path, roofline, step_timeline
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", default="1,4", help="the greedy decode rows' stream counts, comma-separated")
     parser.add_argument("--sampled-streams", type=int, default=1, help="streams of the sampled decode row (0: no such row)")
     parser.add_argument("--kv-dtype", default="f16", choices=["f32", "f16", "fp8"], help="what the KV cache stores")
+    parser.add_argument("--profile", action="store_true", help="a kernel timeline of one step of each greedy decode row (cuda, tp 1)")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt = [int(t) for t in rng.integers(10, engine.vocab_size, max(args.prompt_tokens, args.decode_context))]
     engine.logits(prompt[:8])  # warm up (thread start, page faults)
     rows = []
+    timelines = []
     # Prefill as a request sees it: the prompt in chunks of rows_max rows, logits for its last row
     # only, until the first token (time to first token).
     engine.add(prompt[:args.prompt_tokens], Sampling(max_tokens=1), stop_token_ids=[])
@@ -121,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.decode_tokens - 1):
             produced += len(engine.step())
         elapsed = time.perf_counter() - start
+        if args.profile and sampling == "greedy":
+            engine.time_next_step()
+            engine.step()
+            timelines.append((f"{streams} stream(s), context {args.decode_context}", engine.timeline(), elapsed / (args.decode_tokens - 1)))
         for sequence_id in ids:
             engine.cancel(sequence_id)
         while engine.stats()["sequences_live"]:
@@ -141,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         extra = f"{step / 1e6:>8.1f} " if roof else f"{'':>8} "
         extra += f"{limit:>9.1f} {100 * rate / limit:>6.1f}%" if limit else f"{'':>9} {'':>7}"
         print(f"{phase:<8} {streams:>7} {tokens:>7} {seconds:>8.3f} {rate:>9.1f} {extra}  {sampling}")
+    for title, entries, step_seconds in timelines:
+        print()
+        print(step_timeline.render(entries, step_seconds, args.bandwidth_gbs, title))
 
 
 def shared_prefix_row(engine, shared: int, rng) -> tuple:

@@ -20,6 +20,7 @@ FINISH_REASONS = {0: None, 1: "stop", 2: "length", 3: "cancelled"}
 BACKENDS = {"cpu": 0, "cuda": 1}
 KV_DTYPES = {"f32": 1, "f16": 2, "fp8": 3}
 KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
+TIMELINE_PARTS = ("embed", "attention", "norm", "ffn", "head", "other")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +190,27 @@ class Engine:
             "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs", "state_bytes_per_sequence",
             "state_bytes_total", "prefix_cache", "pages_cached", "prefix_hit_tokens", "prefix_miss_tokens",
             "kv_bytes_per_token")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype]}
+
+    def time_next_step(self) -> None:
+        """Times the next `step`'s forward launch by launch (the cuda backend on one GPU); read it
+        with `timeline` after that step."""
+        with self._lock:
+            check(lib.tf_engine_time_next_step(self._live()))
+
+    def timeline(self) -> list[dict]:
+        """The last timed step's launches in order: kernel name, layer (-1 outside the layers),
+        part, microseconds up to the next launch's start, and the weight or cache bytes it reads
+        where stated (0 where not)."""
+        count = ffi.new("size_t *")
+        with self._lock:
+            check(lib.tf_engine_timeline(self._live(), ffi.NULL, 0, count))
+            entries = ffi.new("tf_timeline_entry[]", max(count[0], 1))
+            check(lib.tf_engine_timeline(self._live(), entries, count[0], count))
+        return [
+            {"name": ffi.string(e.name).decode(), "layer": int(e.layer), "part": TIMELINE_PARTS[e.part],
+             "micros": float(e.micros), "reads": int(e.reads)}
+            for e in entries[0:count[0]]
+        ]
 
     # ---- high level ----
 

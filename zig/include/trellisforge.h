@@ -222,6 +222,23 @@ tf_status tf_engine_set_token_mask(tf_engine *engine, uint64_t sequence_id, cons
 /* Ends a sequence now and returns its KV pages. */
 tf_status tf_engine_cancel(tf_engine *engine, uint64_t sequence_id);
 tf_status tf_engine_stats_get(const tf_engine *engine, tf_engine_stats *out);
+/* One launch of a timed step: the kernel, where it ran (layer -1: outside the layers; part 0 embed,
+ * 1 attention, 2 norm, 3 ffn, 4 head, 5 other), its time up to the next launch's start, and the
+ * weight or cache bytes it reads where stated (0: not stated). */
+typedef struct {
+    char name[48];
+    int32_t layer;
+    uint32_t part;
+    float micros;
+    uint32_t reserved;
+    uint64_t reads;
+} tf_timeline_entry;
+/* Times the next tf_engine_step's forward launch by launch (the cuda backend on one GPU; a step
+ * that would replay a recording records one of its own with an event before each launch). */
+tf_status tf_engine_time_next_step(tf_engine *engine);
+/* The last timed step's launches: *count_out is their number; entries are written when capacity
+ * holds them all (capacity 0: the count alone). */
+tf_status tf_engine_timeline(tf_engine *engine, tf_timeline_entry *entries, size_t capacity, size_t *count_out);
 /* Logits at every position of `prompts` fresh sequences run as one batch; tokens holds them back
  * to back, lengths their sizes; out is (sum of lengths, vocab) float32. */
 tf_status tf_engine_prompt_logits(tf_engine *engine, const uint32_t *tokens, const size_t *lengths,

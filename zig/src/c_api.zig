@@ -527,6 +527,22 @@ export fn tf_engine_stats_get(pointer: ?*EngineHandle, out: ?*engine_mod.Stats) 
     return ok();
 }
 
+export fn tf_engine_time_next_step(pointer: ?*EngineHandle) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    var diag: core.Diagnostic = .{};
+    tf.engine.step_timeline.arm(engine, &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
+export fn tf_engine_timeline(pointer: ?*EngineHandle, entries: ?[*]tf.engine.step_timeline.Entry, capacity: usize, count_out: ?*usize) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    const target = count_out orelse return fail(.invalid_argument, "count_out is null", .{});
+    if (capacity > 0 and entries == null) return fail(.invalid_argument, "entries is null", .{});
+    var diag: core.Diagnostic = .{};
+    target.* = tf.engine.step_timeline.read(engine, if (entries) |e| e[0..capacity] else &.{}, &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
 export fn tf_engine_prompt_logits(pointer: ?*EngineHandle, tokens: ?[*]align(1) const u32, lengths: ?[*]align(1) const usize, prompts: usize, out: ?[*]align(1) f32, out_len: usize) Status {
     const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
     const token_ptr = tokens orelse return fail(.invalid_argument, "tokens is null", .{});

@@ -40,6 +40,7 @@ pub const Api = struct {
     cuEventCreate: *const fn (*Event, c_uint) callconv(.c) Result,
     cuEventDestroy_v2: *const fn (Event) callconv(.c) Result,
     cuEventRecord: *const fn (Event, Stream) callconv(.c) Result,
+    cuEventRecordWithFlags: *const fn (Event, Stream, c_uint) callconv(.c) Result,
     cuEventSynchronize: *const fn (Event) callconv(.c) Result,
     cuEventElapsedTime: *const fn (*f32, Event, Event) callconv(.c) Result,
     cuMemAlloc_v2: *const fn (*DevicePtr, usize) callconv(.c) Result,
@@ -59,6 +60,7 @@ pub const Api = struct {
     cuStreamEndCapture: *const fn (Stream, *Graph) callconv(.c) Result,
     cuGraphInstantiateWithFlags: *const fn (*GraphExec, Graph, c_ulonglong) callconv(.c) Result,
     cuGraphLaunch: *const fn (GraphExec, Stream) callconv(.c) Result,
+    cuGraphUpload: *const fn (GraphExec, Stream) callconv(.c) Result,
     cuGraphExecDestroy: *const fn (GraphExec) callconv(.c) Result,
     cuGraphDestroy: *const fn (Graph) callconv(.c) Result,
     cuLaunchKernel: *const fn (Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, ?[*]const ?*const anyopaque, ?[*]const ?*anyopaque) callconv(.c) Result,
@@ -71,6 +73,9 @@ pub const function_attribute_max_dynamic_shared_bytes = 8;
 /// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: only this thread's unsafe calls end a capture, so another
 /// engine's thread in the same process is not disturbed.
 pub const stream_capture_mode_thread_local = 1;
+/// CU_EVENT_RECORD_EXTERNAL: an event recorded while capturing becomes a node of the graph that
+/// records it on every replay (without it, capture takes the record as a fork point only).
+pub const event_record_external = 1;
 
 /// Names for the results a user is most likely to meet, for drivers too old for cuGetErrorName.
 const known_results = [_]struct { Result, []const u8 }{

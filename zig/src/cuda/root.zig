@@ -3,6 +3,7 @@
 pub const driver = @import("driver.zig");
 pub const kernels = @import("kernels.zig");
 pub const gpu = @import("gpu.zig");
+pub const timeline = @import("timeline.zig");
 pub const Gpu = gpu.Gpu;
 pub const exl3_decode = @import("exl3_decode.zig");
 pub const glm_kernels = @import("glm_kernels.zig");

@@ -5,6 +5,7 @@ pub const sampler = @import("sampler.zig");
 pub const token_mask = @import("token_mask.zig");
 pub const Engine = @import("engine.zig").Engine;
 pub const engine = @import("engine.zig");
+pub const step_timeline = @import("step_timeline.zig");
 
 test {
     _ = kv_pages;
@@ -12,4 +13,5 @@ test {
     _ = sampler;
     _ = token_mask;
     _ = engine;
+    _ = step_timeline;
 }

@@ -219,7 +219,9 @@ pub fn uploadBatch(model: *GpuModel, batch: Batch, diag: *Diagnostic) Error!void
     const c = model.config;
     const rows = batch.rows();
     var at: usize = 0;
+    model.step_positions = 0;
     for (batch.page_tables, 0..) |table, r| {
+        model.step_positions += batch.positions[r] + 1;
         model.host_offsets[r] = @intCast(at);
         @memcpy(model.host_tables[at..][0..table.len], table);
         at += table.len;

@@ -100,6 +100,14 @@ pub const GpuModel = struct {
     graph_next: usize,
     graphs_enabled: bool,
     graph_replays: u64,
+    /// A timed forward (cuda/timeline.zig): `timeNext` arms it for the next forward, whose
+    /// recording (kept in timeline_graph until the next) carries an event per launch.
+    timeline: ?*cuda.timeline.Timeline,
+    timeline_armed: bool,
+    timeline_graph: ?cuda.gpu.Graph,
+    /// The positions this step's rows attend to, summed over its rows (what a full-context
+    /// attention reads, in cache rows).
+    step_positions: u64,
     /// Prompt rows run through the prompt kernels (each forward's, counted once).
     prompt_rows: u64,
     embed: Ptr,
@@ -207,6 +215,10 @@ pub const GpuModel = struct {
         model.graphs = @splat(null);
         model.graph_next = 0;
         model.graph_replays = 0;
+        model.timeline = null;
+        model.timeline_armed = false;
+        model.timeline_graph = null;
+        model.step_positions = 0;
         model.prompt_rows = 0;
         model.graphs_enabled = limits.graphs and !core.switches.off("TF_CUDA_GRAPHS");
         model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
@@ -264,6 +276,11 @@ pub const GpuModel = struct {
     pub fn deinit(model: *GpuModel) void {
         const gpa = model.gpa;
         for (&model.graphs) |*slot| if (slot.*) |*entry| entry.graph.destroy(&model.gpu);
+        if (model.timeline_graph) |*graph| graph.destroy(&model.gpu);
+        if (model.timeline) |timeline| {
+            timeline.deinit(&model.gpu);
+            gpa.destroy(timeline);
+        }
         model.freeAll();
         model.module.unload(&model.gpu);
         model.prompt_module.unload(&model.gpu);
@@ -407,11 +424,42 @@ pub const GpuModel = struct {
         try model.gpu.synchronize(diag);
     }
 
+    /// Times the next forward launch by launch (`timelineEntries` once it has run).
+    pub fn timeNext(model: *GpuModel) Error!void {
+        if (model.timeline == null) {
+            const timeline = try model.gpa.create(cuda.timeline.Timeline);
+            timeline.* = .init(model.gpa);
+            model.timeline = timeline;
+        }
+        model.timeline_armed = true;
+    }
+
+    /// The last timed forward's launches (empty before one has run); `launchMicros` times each.
+    pub fn timelineEntries(model: *const GpuModel) []const cuda.timeline.Entry {
+        const timeline = model.timeline orelse return &.{};
+        return if (timeline.closed) timeline.entries.items else &.{};
+    }
+
+    pub fn launchMicros(model: *const GpuModel, i: usize, diag: *Diagnostic) Error!f32 {
+        return model.timeline.?.micros(&model.gpu, i, diag);
+    }
+
+    /// Where the launches that follow belong in the timeline (when one is being taken).
+    pub fn at(model: *GpuModel, layer: ?usize, part: cuda.timeline.Part) void {
+        if (model.gpu.timeline) |timeline| timeline.at(if (layer) |l| @intCast(l) else -1, part);
+    }
+
+    /// The weight or cache bytes the next launch reads, for the timeline.
+    pub fn reads(model: *GpuModel, bytes: u64) void {
+        if (model.gpu.timeline) |timeline| timeline.reads(bytes);
+    }
+
     /// The batch to the device and the forward queued, replayed from a recording when it can be.
     fn run(model: *GpuModel, batch: Batch, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const rows = batch.rows();
         const wanted = batch.logits_rows.len;
         try model.uploadBatch(batch, diag);
+        if (model.timeline_armed) return model.runTimed(rows, wanted, reduce, diag);
         // A rank's reduction runs on the host between launches: it cannot be recorded.
         if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
             const graph = try model.graphFor(.{ .rows = rows, .wanted = wanted, .prompt = model.step_prompt, .decode = model.step_decode, .tiles = model.step_tiles > 0, .rest = model.step_rest }, diag);
@@ -420,6 +468,38 @@ pub const GpuModel = struct {
         } else {
             try model.enqueue(rows, wanted, reduce, diag);
         }
+    }
+
+    /// `run` with an event before each launch: recorded as a graph of its own where a step would
+    /// be replayed (uploaded before its launch, so the launch runs as a replay does), else queued.
+    fn runTimed(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+        model.timeline_armed = false;
+        const timeline = model.timeline.?;
+        if (model.timeline_graph) |*graph| graph.destroy(&model.gpu);
+        model.timeline_graph = null;
+        const record = reduce == null and model.graphs_enabled and rows <= graph_rows_max;
+        timeline.begin(record);
+        model.gpu.timeline = timeline;
+        defer model.gpu.timeline = null;
+        if (!record) {
+            try model.enqueue(rows, wanted, reduce, diag);
+            return timeline.close(&model.gpu, diag);
+        }
+        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
+        model.enqueueTimed(rows, wanted, diag) catch |err| {
+            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
+            return err;
+        };
+        var graph = try cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
+        errdefer graph.destroy(&model.gpu);
+        try graph.upload(&model.gpu, diag);
+        try graph.launch(&model.gpu, diag);
+        model.timeline_graph = graph;
+    }
+
+    fn enqueueTimed(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!void {
+        try model.enqueue(rows, wanted, null, diag);
+        try model.timeline.?.close(&model.gpu, diag);
     }
 
     /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
@@ -450,15 +530,20 @@ pub const GpuModel = struct {
             std.debug.assert(reduce == null); // tensor parallelism refuses the class
             return hyper_cuda.enqueue(model, k, rows, wanted, diag);
         }
+        model.at(null, .embed);
         try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
         // Each residual add is fused with the norm that follows it: the post-attention norm, the
         // next layer's input norm, or the final norm.
         if (model.blocks.len > 0) try k.rmsnorm(model.hidden, model.blocks[0].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
         for (model.blocks, 0..) |*block, layer| {
+            model.at(layer, .attention);
             try model.attentionPart(k, block, layer, rows);
+            model.at(layer, .norm);
             if (reduce) |r| r.sum(r.context, model, model.projected, rows * c.hidden_size, diag) catch return error.CudaFailed;
             try k.addRmsnorm(model.hidden, model.projected, block.post_attention_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
+            model.at(layer, .ffn);
             try model.ffnPart(k, block, rows);
+            model.at(layer, .norm);
             if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * c.hidden_size, diag) catch return error.CudaFailed;
             if (layer + 1 < model.blocks.len) {
                 try k.addRmsnorm(model.hidden, model.ffn_out, model.blocks[layer + 1].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
@@ -469,6 +554,7 @@ pub const GpuModel = struct {
             }
         }
         if (wanted == 0) return;
+        model.at(null, .head);
         if (model.blocks.len == 0) try k.rmsnorm(model.hidden, model.norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);
         try model.head(k, wanted);
     }

@@ -88,18 +88,25 @@ pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, diag:
     const m = c.hyper.mult;
     const d = c.hidden_size;
     const hk: H.Kernels = .{ .gpu = &model.gpu, .module = &model.hyper_module.?, .diag = diag };
+    model.at(null, .embed);
     try k.embed(model.tokens, model.embed, model.collapsed, rows, d);
     try hk.spread(model.collapsed, model.hidden, rows, m, d);
     for (model.blocks, 0..) |*block, layer| {
         const sites = block.hyper.?;
+        model.at(layer, .norm);
         try enter(model, k, hk, sites.attn, block.input_norm, rows);
+        model.at(layer, .attention);
         try model.attentionPart(k, block, layer, rows);
+        model.at(layer, .norm);
         try hk.leave(model.hidden, model.maps, model.projected, rows, m, d);
         try enter(model, k, hk, sites.ffn, block.post_attention_norm, rows);
+        model.at(layer, .ffn);
         try model.ffnPart(k, block, rows);
+        model.at(layer, .norm);
         try hk.leave(model.hidden, model.maps, model.ffn_out, rows, m, d);
     }
     if (wanted == 0) return;
+    model.at(null, .head);
     try hk.mean(model.hidden, model.collapsed, rows, m, d);
     try k.rmsnorm(model.collapsed, model.norm, model.normed, rows, d, c.rms_norm_eps);
     try model.head(k, wanted);

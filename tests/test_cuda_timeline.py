@@ -1,0 +1,87 @@
+"""The step timeline (`bench_engine --profile`, Engine.time_next_step/timeline) on the GPU: a timed
+step produces the same bits as an untimed one, its launches are the forward's (every layer, in
+parts, embedding first and the logits summary last), and the bytes it states for the EXL3 linears
+of a decode row are the checkpoint's trellis and sign vectors, counted from the file. On the CPU
+backend the call is refused with the reason."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from glm_fixtures import checkpoint_dir
+
+import trellisforge
+from trellisforge import Sampling
+
+AVAILABLE, REASON = trellisforge.cuda_available()
+PROMPT = [5, 17, 300, 42, 7, 901, 33, 12]
+
+
+def run(engine, timed_step=None):
+    """Greedy tokens and log-probabilities of one sequence, stepping until it ends; with
+    `timed_step`, that step (0 = the prompt's) is timed. Returns the events and the timeline."""
+    engine.add(PROMPT, Sampling(max_tokens=6, top_logprobs=3), stop_token_ids=[])
+    events, timeline, step, done = [], [], 0, False
+    while not done:
+        if step == timed_step:
+            engine.time_next_step()
+        for e in engine.step():
+            events.append((e.token, e.logprob, e.top))
+            done = done or e.finish_reason is not None
+        if step == timed_step:
+            timeline = engine.timeline()
+        step += 1
+    return events, timeline
+
+
+def linear_bytes(directory, prefix: str) -> int:
+    """What a decode row's GEMV reads of one EXL3 linear: its trellis and its two sign vectors."""
+    with trellisforge.Checkpoint(directory) as checkpoint:
+        sizes = {name: int(np.prod(shape)) * 2 for name, _, shape in checkpoint.tensors()}
+    return sum(sizes[f"{prefix}.{part}"] for part in ("trellis", "suh", "svh"))
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
+def test_a_timed_step_keeps_the_bits_and_names_every_launch():
+    directory = checkpoint_dir("3.0")
+    config = json.loads((directory / "config.json").read_text())
+    with trellisforge.Engine(directory, backend="cuda", max_seqs=2, kv_dtype="f16") as plain:
+        want, _ = run(plain)
+    with trellisforge.Engine(directory, backend="cuda", max_seqs=2, kv_dtype="f16") as timed:
+        got, timeline = run(timed, timed_step=2)  # a decode step, which a replay would run
+    assert len(want) == 6 and got == want, "a timed step changed what the step computes"
+
+    assert timeline[0]["name"] == "tf_embed" and timeline[0]["part"] == "embed" and timeline[0]["layer"] == -1
+    assert timeline[-1]["name"].startswith("tf_logits_summary") and timeline[-1]["part"] == "head"
+    layers = config["num_hidden_layers"]
+    assert {e["layer"] for e in timeline} == set(range(-1, layers))
+    assert all(e["micros"] >= 0 for e in timeline) and sum(e["micros"] for e in timeline) > 0
+    for layer in range(layers):
+        parts = {e["part"] for e in timeline if e["layer"] == layer}
+        assert parts == {"attention", "norm", "ffn"}, (layer, parts)
+        names = [e["name"] for e in timeline if e["layer"] == layer and e["part"] == "attention"]
+        assert "tf_qk_rope_store" in names and any(n.startswith("tf_attention") for n in names), names
+
+    # A decode row reads each attention projection's whole weight once: q, the k/v pair, o.
+    for layer in range(layers):
+        stated = sum(e["reads"] for e in timeline if e["layer"] == layer and e["part"] == "attention" and e["name"] == "tf_exl3_item_linear")
+        expected = sum(linear_bytes(directory, f"model.layers.{layer}.self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        assert stated == expected, (layer, stated, expected)
+    # The dense first layer's MLP likewise (gate/up as one pair launch, then down).
+    stated = sum(e["reads"] for e in timeline if e["layer"] == 0 and e["part"] == "ffn")
+    assert stated == sum(linear_bytes(directory, f"model.layers.0.mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj"))
+    # The cache: one row attending to its positions 0..pos, k and v of every kv head.
+    attention = [e for e in timeline if e["layer"] == 0 and e["name"].startswith("tf_attention")]
+    position = len(PROMPT) + 1  # step 2 decodes the second generated token
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_position = 2 * config["num_key_value_heads"] * head_dim * 2  # k and v, f16
+    assert sum(e["reads"] for e in attention) == (position + 1) * per_position
+
+
+def test_the_cpu_backend_refuses_a_timeline_with_the_reason():
+    with trellisforge.Engine(checkpoint_dir("3.0"), backend="cpu", max_seqs=1) as engine:
+        with pytest.raises(trellisforge.TrellisError, match="cuda backend on one GPU"):
+            engine.time_next_step()
+        with pytest.raises(trellisforge.TrellisError, match="cuda backend on one GPU"):
+            engine.timeline()
