@@ -152,9 +152,10 @@ struct Exl3Layer {
 //
 // One 256-thread block per (128 output columns, k split, item) — or, on the grouped path, per
 // (128 columns, k split, group of up to 16 items of one layer), so that a decoded tile serves all
-// of them. The block first rotates its split's 512 input channels of each of its items into shared
-// memory as fp16 high/low planes (128-chunks, a warp each), then each warp runs the trellis GEMV of
-// one 16-column tile column over the split's 32 tile rows on tensor cores (exl3_gemv.cuh) and
+// of them. The block first rotates its split's input channels (512, or 256 or 128 for a small
+// weight) of each of its items into shared memory as fp16 high/low planes (128-chunks, a warp
+// each), then each warp runs the trellis GEMV of one 16-column tile column over the split's tile
+// rows on tensor cores (exl3_gemv.cuh) and
 // writes each item's partial sums. The last block of a (key, 128 columns) to finish, told by a
 // counter, sums the splits' partials in ascending split order (so the result does not depend on
 // which block came last), applies the output Hadamard, svh and bias, and resets the counter for the
@@ -163,7 +164,7 @@ struct Exl3Layer {
 // Every item's arithmetic is the same on both paths and for any grouping: a row's bits depend on
 // the shape alone, never on its batch.
 constexpr int kLinearWarps = 8;
-constexpr int kSplitChannels = 512;  // 32 tile rows: tiles_per_split in glm_kernels.zig
+constexpr int kSplitChannels = 512;  // the longest split, 32 tile rows: splitTiles in glm_kernels.zig
 constexpr int kGroupRows = 16;
 
 struct LinearArgs {
@@ -180,6 +181,7 @@ struct LinearArgs {
     int n_p;
     int bits2;
     int codebook;
+    int split_tiles;  // tile rows per k split: 32, or 16 or 8 for a small weight (glm_kernels.zig splitTiles)
 };
 
 // The rotated inputs of a block's split, as fp16 high/low planes for the GEMV's ldmatrix (rows
@@ -203,8 +205,8 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
     const int chunk = blockIdx.x;
     const int split = blockIdx.y;
     const int splits = gridDim.y;
-    const int first = split * (kSplitChannels / 16);
-    const int last = min(a.k_p / 16, first + kSplitChannels / 16);
+    const int first = split * a.split_tiles;
+    const int last = min(a.k_p / 16, first + a.split_tiles);
     const int chunks = (last - first) * 16 / kHadamard;
 
     if (threadIdx.x < 8) xs.zero[threadIdx.x] = __ushort_as_half(0);
@@ -291,14 +293,14 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
     const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
     const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
     unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
-    int out_features, int k_p, int n_p, int bits2, int codebook) {
+    int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
     __shared__ LinearInputs<1> xs;
     __shared__ int item_sh[1];
     const int item = blockIdx.z;
     if (item >= items) return;
     if (threadIdx.x == 0) item_sh[0] = item;
     __syncthreads();
-    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook};
+    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
     const int entry = layer_of_item ? layer_of_item[item] : item / group_items;
     if (entry < 0) return;  // the item is on the prompt path
     const Exl3Layer layer = layers[entry];
@@ -312,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     const Exl3Layer* __restrict__ layers, const int* __restrict__ sorted_items, const int* __restrict__ group_first,
     const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,
     float* __restrict__ partial, unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items,
-    int in_features, int out_features, int k_p, int n_p, int bits2, int codebook) {
+    int in_features, int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
     __shared__ LinearInputs<kGroupRows> xs;
     __shared__ int item_sh[kGroupRows];
     const int group = blockIdx.z;
@@ -320,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     const int rows = group_count[group];
     if (threadIdx.x < rows) item_sh[threadIdx.x] = sorted_items[group_first[group] + threadIdx.x];
     __syncthreads();
-    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook};
+    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
     const Exl3Layer layer = layers[group_layer[group]];
     linear_block<kGroupRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs);
 }

@@ -7,9 +7,10 @@
 // The block's 8 warps split the dims: warp w owns latent dims 64w .. 64w + 63, and rope dims 16w ..
 // 16w + 15 for w < 4. Per 16-position tile each warp computes its part of S = Q·Kᵀ (16 heads x 16
 // positions); a thread per (head, position) adds the parts in warp order and takes the online
-// softmax's step for its score (the 16 threads of a head share the tile's max and sum by shuffles);
-// every warp then reads the same P and accumulates O += P·V for its own 64 latent dims. The f32
-// query and probabilities ride as f16 high and low parts (mma.cuh), ~2^-22 relative per product.
+// softmax's step for its scores (the 16 threads of a head share the tile's max by shuffles, and add
+// their sums at a split's end); every warp then reads the same P and accumulates O += P·V for its
+// own 64 latent dims. The f32 query and probabilities ride as f16 high and low parts (mma.cuh),
+// ~2^-22 relative per product.
 //
 // The stored bytes go to shared memory as they are (cp.async, MlaStages::kStages tiles in flight:
 // what keeps a long row's copies streaming where one tile in flight left every tile a memory
@@ -47,20 +48,18 @@ constexpr int kMlaWarpSteps = kMlaLatentSteps + 1;
 constexpr int kMlaWarpTiles = kMlaWarpDims / 8;  // a warp's n tiles of P·V
 // 64 splits: a decode step's one row runs heads/16 x 64 blocks (GLM-4.7-Flash: 128) on 132 SMs.
 constexpr int kMlaSplits = 64;
-// The softmax's shared memory: the warps' parts of S (16 heads x 16 positions each, rows of 24
-// floats: a half warp's pair stores land in distinct banks), the probabilities P (the same shape),
-// then per head the rescale of the tile and, at a split's end, its (max, sum).
-constexpr int kMlaScorePitch = 24;
-constexpr int kMlaScoreFloats = kMlaHeads * kMlaScorePitch;
-constexpr int kMlaScoresBytes = ((kMlaWarps + 1) * kMlaScoreFloats + 4 * kMlaHeads) * 4;
-static_assert(kMlaHeads * kMlaTile == kMlaThreads, "a thread per score of the tile");
+static_assert(kMlaHeads * kMlaTile == kMlaThreads, "a thread per (head, position) of a tile");
 static_assert(kMlaRopeWarps <= kMlaWarps && kMlaRope % 16 == 0, "a rope step for each of the first warps");
 static_assert(kMlaLatent % (16 * kMlaWarps) == 0, "the warps split the dims evenly");
 
 // Dynamic shared memory: kStages tiles of 16 rows as stored, then the softmax's. A row is padded so
 // that 8 rows' 16-byte pieces land in distinct banks (ldmatrix); f32 rows, read 8 bytes per lane,
-// by 32 so that a half warp's S loads do. Three tiles in flight for f16 (five for fp8's half-size
-// rows); f32's tile is twice f16's, so one. All under sm_12x's 99 KB per block.
+// by 32 so that a half warp's S loads do. An iteration takes kStep tiles (two: the latency of a
+// tile's chain of syncs, shuffles and products then serves 32 positions) while the next kStep are
+// in flight (fp8's half-size rows: four); f32's tile is twice f16's, so it steps one tile at a
+// time with one in flight. The softmax's: the warps' parts of S (16 heads x 16·kStep positions,
+// rows padded by 8 floats: a half warp's pair stores land in distinct banks), the probabilities P
+// (the same shape), per head the tile's rescale and a split's (max, sum). All under sm_12x's 99 KB.
 template <int kDtype>
 struct MlaStages {
     static constexpr int kRowBytes = kMlaWidth * (kDtype == tf::kKvF32 ? 4 : kDtype == tf::kKvF16 ? 2 : 1);
@@ -68,12 +67,16 @@ struct MlaStages {
     static constexpr int kPieces = kRowBytes / 16;  // 16-byte copies per row
     static constexpr int kStageBytes = kMlaTile * kPitch;
     static constexpr int kStages = kDtype == tf::kKvF32 ? 2 : kDtype == tf::kKvF16 ? 4 : 6;
-    static constexpr int kSharedBytes = kStages * kStageBytes + kMlaScoresBytes;
+    static constexpr int kStep = kDtype == tf::kKvF32 ? 1 : 2;
+    static constexpr int kScorePitch = kMlaTile * kStep + 8;
+    static constexpr int kScoreFloats = kMlaHeads * kScorePitch;
+    static constexpr int kSharedBytes = kStages * kStageBytes + ((kMlaWarps + 1) * kScoreFloats + 4 * kMlaHeads) * 4;
+    static_assert(kStages >= 2 * kStep, "an iteration's tiles and the next ones in flight");
 };
 // The launch's sizes: attentionSharedBytes in mla_kernels.zig.
 static_assert(MlaStages<tf::kKvF32>::kSharedBytes == 88832, "attentionSharedBytes(.f32)");
-static_assert(MlaStages<tf::kKvF16>::kSharedBytes == 88832, "attentionSharedBytes(.f16)");
-static_assert(MlaStages<tf::kKvFp8>::kSharedBytes == 70912, "attentionSharedBytes(.fp8)");
+static_assert(MlaStages<tf::kKvF16>::kSharedBytes == 98048, "attentionSharedBytes(.f16)");
+static_assert(MlaStages<tf::kKvFp8>::kSharedBytes == 80128, "attentionSharedBytes(.fp8)");
 
 // The latent dim of a warp's output tile n, column 2t + e (fp8's tiles interleave, as its V
 // fragments pair the codes).
@@ -111,12 +114,16 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     constexpr int kStages = Stages::kStages;
     constexpr int kPitch = Stages::kPitch;
     constexpr int kTasks = kMlaTile * Stages::kPieces;
+    constexpr int kStep = Stages::kStep;
+    constexpr int kAhead = kStages - kStep;  // tiles in flight as an iteration starts
+    constexpr int kScorePitch = Stages::kScorePitch;
+    constexpr int kScoreFloats = Stages::kScoreFloats;
     extern __shared__ __align__(16) unsigned char mla_shared[];
-    // parts[w][head·24 + position]: warp w's part of S; probs likewise P; then per head the tile's
-    // rescale and the split's (max, sum).
+    // parts[w·kScoreFloats + head·kScorePitch + position]: warp w's part of S; probs likewise P;
+    // then per head the tile's rescale and the split's (max, sum).
     float* parts = reinterpret_cast<float*>(mla_shared + kStages * Stages::kStageBytes);
-    float* probs = parts + kMlaWarps * kMlaScoreFloats;
-    float* rescales = probs + kMlaScoreFloats;
+    float* probs = parts + kMlaWarps * kScoreFloats;
+    float* rescales = probs + kScoreFloats;
     float2* split_ml = reinterpret_cast<float2*>(rescales + 2 * kMlaHeads);
     const auto stage = [&](int c) { return mla_shared + (c % kStages) * Stages::kStageBytes; };
     const int row = blockIdx.x;
@@ -177,13 +184,18 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             return (static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens;
         };
         size_t next_element = element_of(0);  // of the tile issued next
-        // fp8: the exponents of the tiles in flight, oldest first, and in the last slot the one issue()
-        // just loaded (constant indices: registers); lane l holds position l % 16's.
-        int tile_exps[kStages] = {};
+        // fp8: the exponents of the tiles in flight, oldest first (constant indices: registers); lane l
+        // holds position l % 16's.
+        int tile_exps[kAhead] = {};
         // Tile c into its stage: task i of thread x copies piece (x + 256i) % pieces of row
-        // (x + 256i) / pieces, so a warp's copies cover a row's consecutive bytes.
-        const auto issue = [&](int c) {
+        // (x + 256i) / pieces, so a warp's copies cover a row's consecutive bytes. A tile past the
+        // split is not copied: an empty group keeps the count, and the tile is neither scored nor read.
+        const auto issue = [&](int c, int slot) {
             const int t0 = tile_start(c);
+            if (t0 >= range.end) {
+                asm volatile("cp.async.commit_group;\n" ::: "memory");
+                return;
+            }
             unsigned char* to = stage(c);
 #pragma unroll
             for (int i = 0; i < (kTasks + kMlaThreads - 1) / kMlaThreads; ++i) {
@@ -193,19 +205,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                 if (task < kTasks) copy16_async(to + j * kPitch + 16 * piece, stored + element * Stages::kRowBytes + 16 * piece, t0 + j < range.end);
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
-            if constexpr (kFp8) tile_exps[kStages - 1] = t0 + lane % kMlaTile < range.end ? exps[next_element] : 0;
+            if constexpr (kFp8) tile_exps[slot] = t0 + lane % kMlaTile < range.end ? exps[next_element] : 0;
             if (tile_start(c + 1) < range.end) next_element = element_of(c + 1);
-        };
-        const auto issue_or_not = [&](int c) {
-            if (tile_start(c) < range.end) {
-                issue(c);
-            } else {
-                asm volatile("cp.async.commit_group;\n" ::: "memory");  // an empty group keeps the count
-            }
-            if constexpr (kFp8) {
-#pragma unroll
-                for (int i = 0; i + 1 < kStages; ++i) tile_exps[i] = tile_exps[i + 1];
-            }
         };
 
         float o[kMlaWarpTiles][4];
@@ -213,113 +214,133 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         for (int n = 0; n < kMlaWarpTiles; ++n)
 #pragma unroll
             for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
-        // The softmax's state of head threadIdx.x / 16 (each of its 16 threads holds it).
+        // The softmax's state of head threadIdx.x / 16: its running max (each of its 16 threads holds
+        // it) and this thread's part of the running sum (added across the 16 at the split's end).
         float run_max = -INFINITY, run_sum = 0.f;
 #pragma unroll
-        for (int c = 0; c < kStages - 1; ++c) issue_or_not(c);
-        for (int c = 0; tile_start(c) < range.end; ++c) {
+        for (int c = 0; c < kAhead; ++c) issue(c, c);
+        for (int c = 0; tile_start(c) < range.end; c += kStep) {
             const int t0 = tile_start(c);
-            const int current = tile_exps[0];  // fp8: this tile's exponents
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
-            __syncthreads();  // tile c has landed, and every warp is done with tile c - 1 and its scores
-            issue_or_not(c + kStages - 1);
-            const unsigned char* tile = stage(c);
-            const unsigned char* lane_row = tile + (lane % kMlaTile) * kPitch + 16 * (lane / kMlaTile);  // fp8's ldmatrix rows
+            int current[kStep];  // fp8: the iteration's tiles' exponents
+#pragma unroll
+            for (int u = 0; u < kStep; ++u) current[u] = tile_exps[u];
+#pragma unroll
+            for (int i = 0; i + kStep < kAhead; ++i) tile_exps[i] = tile_exps[i + kStep];
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2 * kStep) : "memory");
+            __syncthreads();  // tiles c.. have landed, and every warp is done with the last iteration's
+#pragma unroll
+            for (int u = 0; u < kStep; ++u) issue(c + kAhead + u, kAhead - kStep + u);
 
-            // This warp's part of S over its steps: the query's high parts' products in s, the low
-            // parts' in s_low (two chains of products where one would wait on the other), then added.
-            float s[2][4] = {}, s_low[2][4] = {};
-            if constexpr (kFp8) {
-                // Code pairs: matrix (positions 8n.., piece b) gives lane (g, t) position 8n + g, dims
-                // 16b + 4t .. 4t + 3, i.e. B rows 2t, 2t + 1 and 2t + 8, 2t + 9 of that step. The rope
-                // step's x4 load also takes the next piece (or the row's padding) and leaves it.
+            // This warp's part of S over its steps, per tile: the query's high parts' products in s,
+            // the low parts' in s_low (two chains of products where one would wait on the other).
+            float s[kStep][2][4] = {}, s_low[kStep][2][4] = {};
 #pragma unroll
-                for (int k = 0; k < kMlaWarpSteps; k += 2) {
-                    if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
-                    const int piece = k < kMlaLatentSteps ? kMlaLatentSteps * warp + k : kMlaLatent / 16 + warp;
-                    uint32_t codes[4];
-                    ldmatrix_x4(codes, lane_row + 16 * piece);
+            for (int u = 0; u < kStep; ++u) {
+                if (t0 + kMlaTile * u >= range.end) break;
+                const unsigned char* tile = stage(c + u);
+                if constexpr (kFp8) {
+                    // Code pairs: matrix (positions 8n.., piece b) gives lane (g, t) position 8n + g,
+                    // dims 16b + 4t .. 4t + 3, i.e. B rows 2t, 2t + 1 and 2t + 8, 2t + 9 of that step.
+                    // The rope step's x4 load also takes the next piece (or the row's padding).
+                    const unsigned char* lane_row = tile + (lane % kMlaTile) * kPitch + 16 * (lane / kMlaTile);
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        if (k + h >= kMlaWarpSteps) break;
+                    for (int k = 0; k < kMlaWarpSteps; k += 2) {
+                        if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
+                        const int piece = k < kMlaLatentSteps ? kMlaLatentSteps * warp + k : kMlaLatent / 16 + warp;
+                        uint32_t codes[4];
+                        ldmatrix_x4(codes, lane_row + 16 * piece);
 #pragma unroll
-                        for (int n = 0; n < 2; ++n) {
-                            const uint32_t c4 = codes[2 * h + n];
-                            const uint32_t b[2] = {fp8_pair_to_halves(static_cast<uint16_t>(c4)), fp8_pair_to_halves(static_cast<uint16_t>(c4 >> 16))};
-                            mma_16816(s[n], qa[k + h][0], b);
-                            mma_16816(s_low[n], qa[k + h][1], b);
+                        for (int h = 0; h < 2; ++h) {
+                            if (k + h >= kMlaWarpSteps) break;
+#pragma unroll
+                            for (int n = 0; n < 2; ++n) {
+                                const uint32_t c4 = codes[2 * h + n];
+                                const uint32_t b[2] = {fp8_pair_to_halves(static_cast<uint16_t>(c4)), fp8_pair_to_halves(static_cast<uint16_t>(c4 >> 16))};
+                                mma_16816(s[u][n], qa[k + h][0], b);
+                                mma_16816(s_low[u][n], qa[k + h][1], b);
+                            }
                         }
                     }
-                }
-            } else {
+                } else {
 #pragma unroll
-                for (int k = 0; k < kMlaWarpSteps; ++k) {
-                    if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
-                    const int base = k < kMlaLatentSteps ? kMlaWarpDims * warp + 16 * k : kMlaLatent + 16 * warp;
-                    if constexpr (kF32) {
-                        // Lane (g, t): positions g and 8 + g at dims 2t, 2t + 1 and 2t + 8, 2t + 9.
+                    for (int k = 0; k < kMlaWarpSteps; ++k) {
+                        if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
+                        const int base = k < kMlaLatentSteps ? kMlaWarpDims * warp + 16 * k : kMlaLatent + 16 * warp;
+                        if constexpr (kF32) {
+                            // Lane (g, t): positions g and 8 + g at dims 2t, 2t + 1 and 2t + 8, 2t + 9.
 #pragma unroll
-                        for (int n = 0; n < 2; ++n) {
-                            const float* at = reinterpret_cast<const float*>(tile + (8 * n + g) * kPitch) + base + 2 * t;
-                            const float2 low = *reinterpret_cast<const float2*>(at);
-                            const float2 high = *reinterpret_cast<const float2*>(at + 8);
-                            uint32_t bh[2], bl[2];
-                            split_pair(low.x, low.y, bh[0], bl[0]);
-                            split_pair(high.x, high.y, bh[1], bl[1]);
-                            mma_16816(s[n], qa[k][0], bh);
-                            mma_16816(s[n], qa[k][0], bl);
-                            mma_16816(s_low[n], qa[k][1], bh);
-                        }
-                    } else {
-                        // ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
-                        const int position = lane % 8 + 8 * (lane / 16);
-                        const int dim = base + 8 * ((lane / 8) % 2);
-                        uint32_t kf[4];
-                        ldmatrix_x4(kf, tile + position * kPitch + 2 * dim);
+                            for (int n = 0; n < 2; ++n) {
+                                const float* at = reinterpret_cast<const float*>(tile + (8 * n + g) * kPitch) + base + 2 * t;
+                                const float2 low = *reinterpret_cast<const float2*>(at);
+                                const float2 high = *reinterpret_cast<const float2*>(at + 8);
+                                uint32_t bh[2], bl[2];
+                                split_pair(low.x, low.y, bh[0], bl[0]);
+                                split_pair(high.x, high.y, bh[1], bl[1]);
+                                mma_16816(s[u][n], qa[k][0], bh);
+                                mma_16816(s[u][n], qa[k][0], bl);
+                                mma_16816(s_low[u][n], qa[k][1], bh);
+                            }
+                        } else {
+                            // ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
+                            const int position = lane % 8 + 8 * (lane / 16);
+                            const int dim = base + 8 * ((lane / 8) % 2);
+                            uint32_t kf[4];
+                            ldmatrix_x4(kf, tile + position * kPitch + 2 * dim);
 #pragma unroll
-                        for (int n = 0; n < 2; ++n) {
-                            const uint32_t b[2] = {kf[2 * n], kf[2 * n + 1]};
-                            mma_16816(s[n], qa[k][0], b);
-                            mma_16816(s_low[n], qa[k][1], b);
+                            for (int n = 0; n < 2; ++n) {
+                                const uint32_t b[2] = {kf[2 * n], kf[2 * n + 1]};
+                                mma_16816(s[u][n], qa[k][0], b);
+                                mma_16816(s_low[u][n], qa[k][1], b);
+                            }
                         }
                     }
                 }
             }
-            // Entries (n, 0..1) are head g's positions 8n + 2t + e, (n, 2..3) head g + 8's.
-            float* mine = parts + warp * kMlaScoreFloats;
+            // Entries (n, 0..1) of tile u are head g's positions 16u + 8n + 2t + e, (n, 2..3) head g + 8's.
+            float* mine = parts + warp * kScoreFloats;
 #pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                *reinterpret_cast<float2*>(mine + g * kMlaScorePitch + 8 * n + 2 * t) = make_float2(s[n][0] + s_low[n][0], s[n][1] + s_low[n][1]);
-                *reinterpret_cast<float2*>(mine + (g + 8) * kMlaScorePitch + 8 * n + 2 * t) = make_float2(s[n][2] + s_low[n][2], s[n][3] + s_low[n][3]);
-            }
+            for (int u = 0; u < kStep; ++u)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    const int at = kMlaTile * u + 8 * n + 2 * t;
+                    *reinterpret_cast<float2*>(mine + g * kScorePitch + at) = make_float2(s[u][n][0] + s_low[u][n][0], s[u][n][1] + s_low[u][n][1]);
+                    *reinterpret_cast<float2*>(mine + (g + 8) * kScorePitch + at) = make_float2(s[u][n][2] + s_low[u][n][2], s[u][n][3] + s_low[u][n][3]);
+                }
             __syncthreads();
             // The online softmax, once per score (each warp running it on the whole tile did 8x the
-            // work): thread 16h + p adds the warps' parts of head h, position p in warp order; fp8
-            // scales it by its key's power of two (lane p % 16 holds that exponent); the 16 threads of
-            // a head then share its tile max and sum by shuffles.
+            // work): thread 16h + p adds the warps' parts of head h, positions 16u + p, in warp
+            // order; fp8 scales them by their keys' powers of two (lane p % 16 holds those); the 16
+            // threads of a head share its tile max by shuffles.
             {
                 const int h = threadIdx.x / kMlaTile, p = threadIdx.x % kMlaTile;
-                float score = parts[h * kMlaScorePitch + p];
+                float score[kStep];
+                float tile_max = -INFINITY;
 #pragma unroll
-                for (int w = 1; w < kMlaWarps; ++w) score += parts[w * kMlaScoreFloats + h * kMlaScorePitch + p];
-                if constexpr (kFp8) score *= pow2f(current);
-                if (t0 + p >= range.end) score = -INFINITY;
-                float tile_max = score;
+                for (int u = 0; u < kStep; ++u) {
+                    const int at = h * kScorePitch + kMlaTile * u + p;
+                    score[u] = parts[at];
+#pragma unroll
+                    for (int w = 1; w < kMlaWarps; ++w) score[u] += parts[w * kScoreFloats + at];
+                    if constexpr (kFp8) score[u] *= pow2f(current[u]);
+                    if (t0 + kMlaTile * u + p >= range.end) score[u] = -INFINITY;
+                    tile_max = fmaxf(tile_max, score[u]);
+                }
 #pragma unroll
                 for (int offset = kMlaTile / 2; offset > 0; offset /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, offset));
                 const float next = fmaxf(run_max, tile_max);
                 const float rescale = expf(run_max - next);  // 0 on the first tile, 1 where nothing is new
-                const float prob = expf(score - next);
-                float row_sum = prob;
+                run_sum *= rescale;
 #pragma unroll
-                for (int offset = kMlaTile / 2; offset > 0; offset /= 2) row_sum += __shfl_xor_sync(0xFFFFFFFFu, row_sum, offset);
-                run_sum = run_sum * rescale + row_sum;
+                for (int u = 0; u < kStep; ++u) {
+                    const float prob = expf(score[u] - next);
+                    run_sum += prob;
+                    probs[h * kScorePitch + kMlaTile * u + p] = prob;
+                }
                 run_max = next;
-                probs[h * kMlaScorePitch + p] = prob;
                 if (p == 0) rescales[h] = rescale;
             }
             __syncthreads();
-            // O·rescale + P·V, one step of 16 positions: P as the A fragment, split in f16 parts.
+            // O·rescale + P·V, a step of 16 positions per tile: P as the A fragment, split in f16 parts.
             const float rescale_a = rescales[g], rescale_b = rescales[g + 8];
             if (__any_sync(0xFFFFFFFFu, rescale_a != 1.f || rescale_b != 1.f)) {  // once the max settles, a rescale by 1 changes no bit
 #pragma unroll
@@ -330,54 +351,63 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                     o[n][3] *= rescale_b;
                 }
             }
-            uint32_t ph[4], pl[4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {  // register r: head g (r even) or g + 8, positions 2t, 2t + 1 (+8 for r >= 2)
-                const float2 pr = *reinterpret_cast<const float2*>(probs + (g + 8 * (r % 2)) * kMlaScorePitch + 2 * t + 8 * (r / 2));
-                split_pair(pr.x, pr.y, ph[r], pl[r]);
-            }
-            if constexpr (kFp8) {
-                // ldmatrix.trans over code pairs, then mma_fp8_values with the positions' scales.
-                const __half2 low_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 2 * t), __shfl_sync(0xFFFFFFFFu, current, 2 * t + 1));
-                const __half2 high_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 2 * t + 8), __shfl_sync(0xFFFFFFFFu, current, 2 * t + 9));
+            for (int u = 0; u < kStep; ++u) {
+                if (t0 + kMlaTile * u >= range.end) break;
+                const unsigned char* tile = stage(c + u);
+                uint32_t ph[4], pl[4];
 #pragma unroll
-                for (int b = 0; b < kMlaLatentSteps; b += 2) {
-                    uint32_t codes[4];
-                    ldmatrix_x4_trans(codes, lane_row + 16 * (kMlaLatentSteps * warp + b));
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) mma_fp8_values(o[2 * (b + h)], o[2 * (b + h) + 1], ph, pl, codes[2 * h], codes[2 * h + 1], low_scales, high_scales);
+                for (int r = 0; r < 4; ++r) {  // register r: head g (r even) or g + 8, positions 2t, 2t + 1 (+8 for r >= 2)
+                    const float2 pr = *reinterpret_cast<const float2*>(probs + (g + 8 * (r % 2)) * kScorePitch + kMlaTile * u + 2 * t + 8 * (r / 2));
+                    split_pair(pr.x, pr.y, ph[r], pl[r]);
                 }
-            } else if constexpr (kF32) {
-                // Lane (g, t): dim 8n + g at positions 2t, 2t + 1 and 2t + 8, 2t + 9.
-                const float* column = reinterpret_cast<const float*>(tile) + kMlaWarpDims * warp + g;
-                constexpr int kRow = kPitch / 4;
+                if constexpr (kFp8) {
+                    // ldmatrix.trans over code pairs, then mma_fp8_values with the positions' scales.
+                    const unsigned char* lane_row = tile + (lane % kMlaTile) * kPitch + 16 * (lane / kMlaTile);
+                    const int e = current[u];
+                    const __half2 low_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, e, 2 * t), __shfl_sync(0xFFFFFFFFu, e, 2 * t + 1));
+                    const __half2 high_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, e, 2 * t + 8), __shfl_sync(0xFFFFFFFFu, e, 2 * t + 9));
 #pragma unroll
-                for (int n = 0; n < kMlaWarpTiles; ++n) {
-                    const float* at = column + 8 * n + 2 * t * kRow;
-                    uint32_t bh[2], bl[2];
-                    split_pair(at[0], at[kRow], bh[0], bl[0]);
-                    split_pair(at[8 * kRow], at[9 * kRow], bh[1], bl[1]);
-                    mma_16816(o[n], ph, bh);
-                    mma_16816(o[n], ph, bl);
-                    mma_16816(o[n], pl, bh);
-                }
-            } else {
-                // ldmatrix.trans of 8 positions x 8 dims gives lane (g, t) positions 2t, 2t + 1 of dim g.
+                    for (int b = 0; b < kMlaLatentSteps; b += 2) {
+                        uint32_t codes[4];
+                        ldmatrix_x4_trans(codes, lane_row + 16 * (kMlaLatentSteps * warp + b));
 #pragma unroll
-                for (int pair = 0; pair < kMlaWarpTiles / 2; ++pair) {
-                    const int position = lane % 8 + 8 * ((lane / 8) % 2);
-                    const int dim = kMlaWarpDims * warp + 16 * pair + 8 * (lane / 16);
-                    uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, tile + position * kPitch + 2 * dim);
+                        for (int h = 0; h < 2; ++h) mma_fp8_values(o[2 * (b + h)], o[2 * (b + h) + 1], ph, pl, codes[2 * h], codes[2 * h + 1], low_scales, high_scales);
+                    }
+                } else if constexpr (kF32) {
+                    // Lane (g, t): dim 8n + g at positions 2t, 2t + 1 and 2t + 8, 2t + 9.
+                    const float* column = reinterpret_cast<const float*>(tile) + kMlaWarpDims * warp + g;
+                    constexpr int kRow = kPitch / 4;
 #pragma unroll
-                    for (int n = 0; n < 2; ++n) {
-                        const uint32_t b[2] = {vf[2 * n], vf[2 * n + 1]};
-                        mma_exact_b(o[2 * pair + n], ph, pl, b);
+                    for (int n = 0; n < kMlaWarpTiles; ++n) {
+                        const float* at = column + 8 * n + 2 * t * kRow;
+                        uint32_t bh[2], bl[2];
+                        split_pair(at[0], at[kRow], bh[0], bl[0]);
+                        split_pair(at[8 * kRow], at[9 * kRow], bh[1], bl[1]);
+                        mma_16816(o[n], ph, bh);
+                        mma_16816(o[n], ph, bl);
+                        mma_16816(o[n], pl, bh);
+                    }
+                } else {
+                    // ldmatrix.trans of 8 positions x 8 dims gives lane (g, t) positions 2t, 2t + 1 of dim g.
+#pragma unroll
+                    for (int pair = 0; pair < kMlaWarpTiles / 2; ++pair) {
+                        const int position = lane % 8 + 8 * ((lane / 8) % 2);
+                        const int dim = kMlaWarpDims * warp + 16 * pair + 8 * (lane / 16);
+                        uint32_t vf[4];
+                        ldmatrix_x4_trans(vf, tile + position * kPitch + 2 * dim);
+#pragma unroll
+                        for (int n = 0; n < 2; ++n) {
+                            const uint32_t b[2] = {vf[2 * n], vf[2 * n + 1]};
+                            mma_exact_b(o[2 * pair + n], ph, pl, b);
+                        }
                     }
                 }
             }
         }
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#pragma unroll
+        for (int offset = kMlaTile / 2; offset > 0; offset /= 2) run_sum += __shfl_xor_sync(0xFFFFFFFFu, run_sum, offset);
         if (threadIdx.x % kMlaTile == 0) split_ml[threadIdx.x / kMlaTile] = make_float2(run_max, run_sum);
         __syncthreads();  // the split's (max, sum) are out, and every warp is done with the stages
         const float2 ml_a = split_ml[g], ml_b = split_ml[g + 8];

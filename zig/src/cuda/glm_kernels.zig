@@ -78,11 +78,38 @@ comptime {
 /// Shorter splits repeat each block's input rotation and partial sums for fewer tiles (16 tile rows:
 /// the Air expert layer at M = 1 took 86.2 us on the H200, 32: 80.6); much longer ones leave too
 /// few warps in flight (a profile of a GLM-4.5-Air layer showed 96-tile chains serializing o_proj).
-/// A function of the shape alone, so a row's sum does not depend on how many rows are batched.
+/// A small weight, whose column blocks x splits x table entries (up to 8) make fewer than 128
+/// blocks, takes splits of 16 or 8 tile rows instead: one row's GEMV of GLM-4.7-Flash's q_a
+/// (2048 x 768: 24 blocks) took 13.5 us for 0.6 MB, a chain of four rounds of loads per warp on a
+/// fifth of the SMs (the step timeline, docs/measurements.md). A function of the shape and of the
+/// table's entries (1 for a plain linear, 2 for a pair, the experts for an MoE), never of the rows,
+/// so a row's sum does not depend on how many rows are batched.
 pub const tiles_per_split = 32;
 
-pub fn splitsFor(k_p: usize) usize {
-    return std.math.divCeil(usize, k_p / 16, tiles_per_split) catch unreachable;
+pub fn splitTiles(k_p: usize, n_p: usize, entries: usize) usize {
+    var tiles: usize = tiles_per_split;
+    while (tiles > 8 and (n_p / 128) * (std.math.divCeil(usize, k_p / 16, tiles) catch unreachable) * @min(entries, 8) < 128) tiles /= 2;
+    return tiles;
+}
+
+pub fn splitsFor(k_p: usize, n_p: usize, entries: usize) usize {
+    return std.math.divCeil(usize, k_p / 16, splitTiles(k_p, n_p, entries)) catch unreachable;
+}
+
+/// The most splits any call of a shape takes (a plain linear's), for sizing the partial sums.
+pub fn splitsMax(k_p: usize, n_p: usize) usize {
+    return splitsFor(k_p, n_p, 1);
+}
+
+test "small weights take shorter splits; the others keep 32 tile rows" {
+    try std.testing.expectEqual(@as(usize, 8), splitTiles(2048, 768, 1)); // GLM-4.7-Flash q_a: 6 x 16 blocks
+    try std.testing.expectEqual(@as(usize, 8), splitTiles(768, 5120, 1)); // its q_b: 40 x 6
+    try std.testing.expectEqual(@as(usize, 32), splitTiles(5120, 2048, 1)); // its o_proj: 16 x 10
+    try std.testing.expectEqual(@as(usize, 32), splitTiles(4096, 1024, 2)); // GLM-4.5-Air's k/v pair: 8 x 8 x 2
+    try std.testing.expectEqual(@as(usize, 16), splitTiles(4096, 1024, 1)); // the same shape alone
+    try std.testing.expectEqual(@as(usize, 32), splitTiles(4096, 1408, 129)); // its experts' gate/up
+    try std.testing.expectEqual(@as(usize, 16), splitsFor(2048, 768, 1));
+    try std.testing.expect(splitsMax(768, 5120) >= splitsFor(768, 5120, 2));
 }
 
 /// Completion counters tf_exl3_item_linear needs for `items` items of n_p columns: one per (item, 128
@@ -179,7 +206,7 @@ pub const Kernels = struct {
         layer_of_item: Ptr = 0, // 0: item i uses table entry i / group_items
         group_items: usize = 0, // 0: items (every item entry 0, row i)
         table: Ptr, // Exl3Layer[]
-        acc: Ptr, // scratch (splitsFor(k_p), items, n_p) partial sums
+        acc: Ptr, // scratch (splitsFor(k_p, n_p, entries), items, n_p) partial sums
         counters: Ptr, // countersFor(items, n_p) zeroed u32
         y: Ptr, // (items, out_features)
         items: usize,
@@ -208,15 +235,17 @@ pub const Kernels = struct {
         // is faster (tf-bench: 16 rows over 128 experts took 1.9 ms grouped, 1.2 ms by item).
         if (c.grouping) |g| if (layers <= group_layers_max and c.items >= 4 * layers) return k.exl3GroupLinear(c, g, group_items, layers);
         k.reads(@min(c.items, layers) * exl3EntryBytes(c));
+        const split_tiles = splitTiles(c.k_p, c.n_p, layers);
         var a = .{
-            c.x,                           c.up,                                                                     c.source_rows,                       c.layer_of_item,
-            c.table,                       c.acc,                                                                    c.counters,                          c.y,
-            @as(c_int, @intCast(c.items)), @as(c_int, @intCast(if (c.group_items == 0) c.items else c.group_items)), @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
-            @as(c_int, @intCast(c.k_p)),   @as(c_int, @intCast(c.n_p)),                                              @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+            c.x,                               c.up,                                                                     c.source_rows,                       c.layer_of_item,
+            c.table,                           c.acc,                                                                    c.counters,                          c.y,
+            @as(c_int, @intCast(c.items)),     @as(c_int, @intCast(if (c.group_items == 0) c.items else c.group_items)), @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
+            @as(c_int, @intCast(c.k_p)),       @as(c_int, @intCast(c.n_p)),                                              @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+            @as(c_int, @intCast(split_tiles)),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p)), @intCast(c.items) }, 256, ptrs);
+        try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, layers)), @intCast(c.items) }, 256, ptrs);
     }
 
     /// Sorts `items` items by table entry (layer_of_item, or i / group_items when 0; entries of -1
@@ -239,15 +268,16 @@ pub const Kernels = struct {
         try k.groupItems(c.layer_of_item, c.items, group_items, layers, group_rows, g);
         k.reads(@min(c.items, layers) * exl3EntryBytes(c));
         var a = .{
-            c.x,                         c.up,                        c.source_rows,                       c.table,
-            g.sorted,                    g.first,                     g.count,                             g.layer,
-            g.total,                     c.acc,                       c.counters,                          c.y,
-            items,                       group_items_c,               @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
-            @as(c_int, @intCast(c.k_p)), @as(c_int, @intCast(c.n_p)), @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+            c.x,                                                    c.up,                        c.source_rows,                       c.table,
+            g.sorted,                                               g.first,                     g.count,                             g.layer,
+            g.total,                                                c.acc,                       c.counters,                          c.y,
+            items,                                                  group_items_c,               @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
+            @as(c_int, @intCast(c.k_p)),                            @as(c_int, @intCast(c.n_p)), @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+            @as(c_int, @intCast(splitTiles(c.k_p, c.n_p, layers))),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_exl3_group_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p)), @intCast(groupsMax(c.items, layers)) }, 256, ptrs);
+        try k.run("tf_exl3_group_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, layers)), @intCast(groupsMax(c.items, layers)) }, 256, ptrs);
     }
 
     /// A warp per (row, output), 8 warps per block.

@@ -25,19 +25,21 @@ const warps = 8;
 const product_rows = 8;
 /// tf_mla_attention's dynamic shared memory (MlaStages in mla_attention.cuh): tiles of 16 cache
 /// rows as stored (rows padded by 32 bytes for f32, 16 otherwise; two tiles of f32, four of f16,
-/// six of fp8), then the softmax's: the warps' parts of the scores and the probabilities (16 x 24
-/// floats each), 4 floats per head (the tile's rescale, the split's max and sum).
+/// six of fp8), then the softmax's over an iteration's tiles (one of f32, two otherwise): the
+/// warps' parts of the scores and the probabilities (16 heads x 16·step + 8 floats each), 4 floats
+/// per head (the tile's rescale, the split's max and sum).
 pub fn attentionSharedBytes(dtype: KvDtype) u32 {
-    const stages: u32, const pad: u32 = switch (dtype) {
-        .f32 => .{ 2, 32 },
-        .f16 => .{ 4, 16 },
-        .fp8 => .{ 6, 16 },
+    const stages: u32, const pad: u32, const step: u32 = switch (dtype) {
+        .f32 => .{ 2, 32, 1 },
+        .f16 => .{ 4, 16, 2 },
+        .fp8 => .{ 6, 16, 2 },
     };
-    return stages * 16 * ((latent + rope) * @as(u32, @intCast(dtype.bytes())) + pad) + ((warps + 1) * 16 * 24 + 4 * 16) * 4;
+    const rows = stages * 16 * ((latent + rope) * @as(u32, @intCast(dtype.bytes())) + pad);
+    return rows + ((warps + 1) * 16 * (16 * step + 8) + 4 * 16) * 4;
 }
 comptime {
     // static_assert'ed in mla_attention.cuh too
-    std.debug.assert(attentionSharedBytes(.f32) == 88832 and attentionSharedBytes(.f16) == 88832 and attentionSharedBytes(.fp8) == 70912);
+    std.debug.assert(attentionSharedBytes(.f32) == 88832 and attentionSharedBytes(.f16) == 98048 and attentionSharedBytes(.fp8) == 80128);
 }
 /// The largest qk_nope_head_dim the host takes (any would do for the product; bounds the check).
 pub const nope_max = 256;

@@ -164,7 +164,7 @@ pub fn rowTable(model: *const GpuModel, comptime which: enum { flag, gemv, promp
 
 const LinearScratch = struct { partials: usize = 1, counters: usize = 1, items: usize = 1, groups: usize = 1 };
 
-/// What the largest tf_exl3_item_linear call needs: splits(k_p) x items x n_p partial sums and a
+/// What the largest tf_exl3_item_linear call needs: splits x items x n_p partial sums and a
 /// completion counter per (item, 128 columns). Gate/up pairs run twice the items.
 pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
     const c = model.config;
@@ -172,7 +172,7 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
     var need: LinearScratch = .{};
     const Need = struct {
         fn add(n: *LinearScratch, k_p: usize, n_p: usize, items: usize, layers: usize) void {
-            n.partials = @max(n.partials, K.splitsFor(k_p) * items * n_p);
+            n.partials = @max(n.partials, K.splitsMax(k_p, n_p) * items * n_p);
             n.counters = @max(n.counters, K.countersFor(@max(items, K.groupsMax(items, layers)), n_p));
             n.items = @max(n.items, items);
             n.groups = @max(n.groups, K.groupsMax(items, layers));
