@@ -4,59 +4,76 @@
 
 // ---- MoE ----
 
-// Router logits (GLM.md §3.8), f32: probability = sigmoid(x · gate_e), choice = probability +
-// correction. A warp per (row, expert), 8 per block across many blocks: the router's weights
-// (experts × hidden f32, 2 MB for GLM-4.5-Air) are read by the whole GPU, not by one block per row.
-extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* __restrict__ x, const float* __restrict__ gate,
-                                                                  const float* __restrict__ correction, float* __restrict__ scratch,
-                                                                  int rows, int hidden, int experts) {
-    const int row = blockIdx.y;
-    const int e = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-    const int lane = threadIdx.x % kWarp;
-    if (row >= rows || e >= experts) return;
-    const float* in = x + static_cast<size_t>(row) * hidden;
-    const float* w = gate + static_cast<size_t>(e) * hidden;
-    float dot = 0.f;
-    if (hidden % 4 == 0) {
-        // float4 loads, eight in flight per lane: the router matrix is read once per step.
-        const float4* in4 = reinterpret_cast<const float4*>(in);
-        const float4* w4 = reinterpret_cast<const float4*>(w);
-#pragma unroll 8
-        for (int i = lane; i < hidden / 4; i += kWarp) {
-            const float4 a = in4[i], b = w4[i];
-            dot = fmaf(a.x, b.x, dot); dot = fmaf(a.y, b.y, dot); dot = fmaf(a.z, b.z, dot); dot = fmaf(a.w, b.w, dot);
-        }
-    } else {
-        for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], w[i], dot);
-    }
-    dot = warp_sum(dot);
-    if (lane == 0) {
-        float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
-        probability[e] = 1.0f / (1.0f + expf(-dot));
-        probability[experts + e] = probability[e] + correction[e];
-    }
-}
-
-// Expert selection of one row from tf_route_logits' scratch: on the choice scores (group-limited
-// when groups > 1), weights from the unbiased sigmoid, normalised, scaled. Writes each row's
-// experts in ascending index and their weights, `slots` per row: top_k, or top_k + 1 with the
-// merged shared expert last. One 256-thread block per row.
+// The router in one launch (GLM.md §3.8), f32. Logits: a warp per (row, expert), 8 per block
+// across many blocks, so the router's weights (experts × hidden f32, 2 MB for GLM-4.5-Air) are read
+// by the whole GPU, not by one block per row: probability = sigmoid(x · gate_e), choice =
+// probability + correction, to `scratch`. The last of a row's blocks to finish (a counter per row,
+// which it resets) then picks the row's experts from its scratch: on the choice scores
+// (group-limited when groups > 1), weights from the unbiased sigmoid, normalised, scaled. It writes
+// the row's experts in ascending index and their weights, `slots` per row: top_k, or top_k + 1 with
+// the merged shared expert last. (Two launches before, the logits and the choice, cost a launch's
+// gap per MoE layer: 7.2-10.4 us on the step timeline.)
 //
 // For the gate/up launch of the experts, which runs 2·rows·top_k items, it also writes the items'
 // layers (gate table entries 0..experts-1, then up entries experts..2·experts-1) and source rows.
 // With `prompt_layers`, rows flagged in `row_prompt` take the prompt path: their experts go to
 // prompt_layers and the GEMV's layers (experts_out, pair_layers) say -1, and the other way round.
-extern "C" __global__ void __launch_bounds__(256) tf_route(int* __restrict__ experts_out, float* __restrict__ weights_out,
-                                                           int* __restrict__ pair_layers, int* __restrict__ pair_rows,
-                                                           const int* __restrict__ row_prompt, int* __restrict__ prompt_layers,
-                                                           float* __restrict__ scratch, int rows, int experts, int top_k, int slots,
-                                                           int groups, int groups_per_token, int normalize, float scaling) {
-    const int row = blockIdx.x;
-    if (row >= rows) return;
-    float* probability = scratch + static_cast<size_t>(row) * 2 * experts;
-    float* choice = probability + experts;
+constexpr int kRouteExpertsMax = 512;  // the host refuses more (glm_kernels.zig route)
+
+// Two blocks per SM as bounds: ptxas otherwise caps it at 32 registers on sm_90 (64 on sm_80-89)
+// and spills the logits' eight float4 loads in flight.
+extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __restrict__ x, const float* __restrict__ gate,
+                                                           const float* __restrict__ correction, float* __restrict__ scratch,
+                                                           unsigned int* __restrict__ counters, int* __restrict__ experts_out,
+                                                           float* __restrict__ weights_out, int* __restrict__ pair_layers,
+                                                           int* __restrict__ pair_rows, const int* __restrict__ row_prompt,
+                                                           int* __restrict__ prompt_layers, int rows, int hidden, int experts, int top_k,
+                                                           int slots, int groups, int groups_per_token, int normalize, float scaling) {
+    __shared__ float probability[kRouteExpertsMax];
+    __shared__ float choice[kRouteExpertsMax];
+    __shared__ bool last_block;
+    const int row = blockIdx.y;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
+    if (row >= rows) return;
+    float* row_scratch = scratch + static_cast<size_t>(row) * 2 * experts;
+    const int e = blockIdx.x * (blockDim.x / kWarp) + warp;
+    if (e < experts) {
+        const float* in = x + static_cast<size_t>(row) * hidden;
+        const float* w = gate + static_cast<size_t>(e) * hidden;
+        float dot = 0.f;
+        if (hidden % 4 == 0) {
+            // float4 loads, eight in flight per lane: the router matrix is read once per step.
+            const float4* in4 = reinterpret_cast<const float4*>(in);
+            const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll 8
+            for (int i = lane; i < hidden / 4; i += kWarp) {
+                const float4 a = in4[i], b = w4[i];
+                dot = fmaf(a.x, b.x, dot); dot = fmaf(a.y, b.y, dot); dot = fmaf(a.z, b.z, dot); dot = fmaf(a.w, b.w, dot);
+            }
+        } else {
+            for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], w[i], dot);
+        }
+        dot = warp_sum(dot);
+        if (lane == 0) {
+            const float p = 1.0f / (1.0f + expf(-dot));
+            row_scratch[e] = p;
+            row_scratch[experts + e] = p + correction[e];
+        }
+    }
+    __threadfence();  // this block's logits are visible GPU-wide before the counter says so
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last_block = atomicAdd(counters + row, 1u) == gridDim.x - 1;
+        if (last_block) counters[row] = 0u;
+    }
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < experts; i += blockDim.x) {
+        probability[i] = __ldcg(row_scratch + i);
+        choice[i] = __ldcg(row_scratch + experts + i);
+    }
     __syncthreads();
     if (groups > 1 && threadIdx.x == 0) {
         const int per_group = experts / groups;

@@ -11,12 +11,12 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_embed",                  "tf_rmsnorm",                "tf_add",                  "tf_swiglu",                  "tf_gather_rows",
-    "tf_exl3_item_linear",       "tf_exl3_group_linear",      "tf_exl3_group_items",     "tf_dense_matmul",            "tf_qk_rope_store",
-    "tf_attention",              "tf_route_logits",           "tf_route",                "tf_moe_combine",             "tf_logits_summary",
-    "tf_attention_combine",      "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",
-    "tf_dense_splits",           "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8",
-    "tf_attention_heads_64_f16", "tf_attention_heads_64_fp8",
+    "tf_embed",                  "tf_rmsnorm",              "tf_add",                     "tf_swiglu",                  "tf_gather_rows",
+    "tf_exl3_item_linear",       "tf_exl3_group_linear",    "tf_exl3_group_items",        "tf_dense_matmul",            "tf_qk_rope_store",
+    "tf_attention",              "tf_route",                "tf_moe_combine",             "tf_logits_summary",          "tf_attention_combine",
+    "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
+    "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
+    "tf_attention_heads_64_fp8",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -556,6 +556,8 @@ pub const Kernels = struct {
         /// 0, or i32 per item: the prompt rows' experts (-1 for the other rows).
         prompt_layers: Ptr = 0,
         scratch: Ptr,
+        /// A zeroed u32 per row, left zeroed (the rows' completion counters).
+        counters: Ptr,
         rows: usize,
         hidden: usize,
         experts: usize,
@@ -570,20 +572,22 @@ pub const Kernels = struct {
 
     /// Logits over the whole GPU (a warp per (row, expert), 8 per block), then the selection (a
     /// 256-thread block per row).
+    /// Experts a router may have: tf_route's shared arrays (kRouteExpertsMax in moe_route.cuh).
+    pub const route_experts_max = 512;
+
+    /// One launch: a block per (8 experts, row) for the logits, the last of a row's blocks choosing.
     pub fn route(k: Kernels, c: Route) Error!void {
-        const rows: c_int = @intCast(c.rows);
-        const experts: c_int = @intCast(c.experts);
-        var l = .{ c.x, c.gate, c.correction, c.scratch, rows, @as(c_int, @intCast(c.hidden)), experts };
-        try k.run("tf_route_logits", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
+        std.debug.assert(c.experts <= route_experts_max);
         var a = .{
-            c.experts_out,                            c.weights_out,                         c.pair_layers,                 c.pair_rows,
-            c.row_prompt,                             c.prompt_layers,                       c.scratch,                     rows,
-            experts,                                  @as(c_int, @intCast(c.top_k)),         @as(c_int, @intCast(c.slots)), @as(c_int, @intCast(c.groups)),
-            @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
+            c.x,                            c.gate,                                   c.correction,                          c.scratch,
+            c.counters,                     c.experts_out,                            c.weights_out,                         c.pair_layers,
+            c.pair_rows,                    c.row_prompt,                             c.prompt_layers,                       @as(c_int, @intCast(c.rows)),
+            @as(c_int, @intCast(c.hidden)), @as(c_int, @intCast(c.experts)),          @as(c_int, @intCast(c.top_k)),         @as(c_int, @intCast(c.slots)),
+            @as(c_int, @intCast(c.groups)), @as(c_int, @intCast(c.groups_per_token)), @as(c_int, @intFromBool(c.normalize)), c.scaling,
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_route", .{ @intCast(c.rows), 1, 1 }, 256, ptrs);
+        try k.run("tf_route", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, ptrs);
     }
 
     /// Slices a logits row is summarized in (kSummarySlices in logits_summary.cuh).

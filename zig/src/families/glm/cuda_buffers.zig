@@ -190,6 +190,7 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
         }
     };
     Need.linear(&need, &model.lm_head, l.logits_rows_max);
+    need.counters = @max(need.counters, l.rows_max); // the router's, a counter per row
     need.partials = @max(need.partials, model.dense_partials);
     for (model.blocks) |*block| {
         switch (block.attention) {

@@ -237,6 +237,7 @@ pub const GpuModel = struct {
         try mla_cuda.checkShape(&c, diag);
         try kda_cuda.checkShape(&c, diag);
         try hyper_cuda.checkShape(&c, diag);
+        try moe_cuda.checkShape(&c, diag);
         if (c.countOf("attention", .kda) > 0 and limits.sequences == 0) {
             diag.set("a model with recurrent state needs limits.sequences > 0", .{});
             return error.UnsupportedModel;

@@ -15,6 +15,7 @@ const K = cuda.glm_kernels;
 const P = cuda.exl3_prompt;
 const Mlp = @import("mlp.zig").Mlp;
 const Moe = @import("moe.zig").Moe;
+const Config = @import("../config.zig").Config;
 const weights_mod = @import("../weights.zig");
 const linear_cuda = @import("linear_cuda.zig");
 const mlp_cuda = @import("mlp_cuda.zig");
@@ -37,6 +38,14 @@ pub const GpuMoe = struct {
 };
 
 /// Everything of a MoE layer but its experts' gate/up tables (uploadGateUp, after every layer).
+/// The router's one launch holds a row's experts in shared memory (tf_route).
+pub fn checkShape(c: *const Config, diag: *Diagnostic) Error!void {
+    if (c.routed_experts > K.Kernels.route_experts_max) {
+        diag.set("the CUDA router takes up to {d} routed experts; this model has {d}", .{ K.Kernels.route_experts_max, c.routed_experts });
+        return error.UnsupportedModel;
+    }
+}
+
 pub fn uploadApart(model: *GpuModel, moe: *const Moe, diag: *Diagnostic) Error!GpuMoe {
     const merged = mergedShared(moe, model.merge_shared);
     const apart: ?*const Mlp = if (merged == null) if (moe.shared) |*mlp| mlp else null else null;
@@ -164,6 +173,7 @@ pub fn runMoe(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usize) E
         .row_prompt = if (prompt) model.rowTable(.flag) else 0,
         .prompt_layers = if (prompt) model.prompt_layers else 0,
         .scratch = model.route_scratch,
+        .counters = model.counters,
         .rows = rows,
         .hidden = c.hidden_size,
         .experts = c.routed_experts,
