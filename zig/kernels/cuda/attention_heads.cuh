@@ -253,19 +253,8 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
             uint32_t ph[4], pl[4];
             split_fragment(s[0], s[1], ph, pl);
             if constexpr (kF16) {
-                // ldmatrix.trans gives V's B fragments.
 #pragma unroll
-                for (int pair = 0; pair < kSteps; ++pair) {
-                    const int position = lane % 8 + 8 * ((lane / 8) % 2);
-                    const int dim = 16 * pair + 8 * (lane / 16);
-                    uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, v_plane + position * kPitch + 2 * dim);
-#pragma unroll
-                    for (int n = 0; n < 2; ++n) {
-                        const uint32_t b[2] = {vf[2 * n], vf[2 * n + 1]};
-                        mma_exact_b(o[2 * pair + n], ph, pl, b);
-                    }
-                }
+                for (int pair = 0; pair < kSteps; ++pair) mma_pv_f16(o[2 * pair], o[2 * pair + 1], ph, pl, v_plane, kPitch, 16 * pair, lane);
             } else {
                 // ldmatrix.trans over code pairs, then mma_fp8_values; lanes 16 + j hold the V exponents.
                 const __half2 low_scales = fp8_scales(__shfl_sync(0xFFFFFFFFu, current, 16 + 2 * t), __shfl_sync(0xFFFFFFFFu, current, 17 + 2 * t));

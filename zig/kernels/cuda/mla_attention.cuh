@@ -389,19 +389,9 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                         mma_16816(o[n], pl, bh);
                     }
                 } else {
-                    // ldmatrix.trans of 8 positions x 8 dims gives lane (g, t) positions 2t, 2t + 1 of dim g.
 #pragma unroll
-                    for (int pair = 0; pair < kMlaWarpTiles / 2; ++pair) {
-                        const int position = lane % 8 + 8 * ((lane / 8) % 2);
-                        const int dim = kMlaWarpDims * warp + 16 * pair + 8 * (lane / 16);
-                        uint32_t vf[4];
-                        ldmatrix_x4_trans(vf, tile + position * kPitch + 2 * dim);
-#pragma unroll
-                        for (int n = 0; n < 2; ++n) {
-                            const uint32_t b[2] = {vf[2 * n], vf[2 * n + 1]};
-                            mma_exact_b(o[2 * pair + n], ph, pl, b);
-                        }
-                    }
+                    for (int pair = 0; pair < kMlaWarpTiles / 2; ++pair)
+                        mma_pv_f16(o[2 * pair], o[2 * pair + 1], ph, pl, tile, kPitch, kMlaWarpDims * warp + 16 * pair, lane);
                 }
             }
         }

@@ -80,6 +80,21 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&a)[4], const void* 
                  : "r"(shared_address(p)));
 }
 
+// O's two n8 tiles of 16 dims from `dim0` += P·V, V an f16 plane of 16 positions whose rows are
+// `pitch` bytes apart: ldmatrix.trans gives lane (g, t) positions 2t, 2t + 1 (+8) of dim g (+8),
+// the B fragments of both tiles; P in f16 high and low parts.
+__device__ __forceinline__ void mma_pv_f16(float (&o0)[4], float (&o1)[4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                           const unsigned char* plane, int pitch, int dim0, int lane) {
+    const int position = lane % 8 + 8 * ((lane / 8) % 2);
+    const int dim = dim0 + 8 * (lane / 16);
+    uint32_t vf[4];
+    ldmatrix_x4_trans(vf, plane + position * pitch + 2 * dim);
+    const uint32_t b0[2] = {vf[0], vf[1]};
+    const uint32_t b1[2] = {vf[2], vf[3]};
+    mma_exact_b(o0, ph, pl, b0);
+    mma_exact_b(o1, ph, pl, b1);
+}
+
 __device__ __forceinline__ uint32_t pack_halves(half low, half high) {
     return static_cast<uint32_t>(__half_as_ushort(low)) | (static_cast<uint32_t>(__half_as_ushort(high)) << 16);
 }
