@@ -164,7 +164,7 @@ struct Exl3Layer {
 // Every item's arithmetic is the same on both paths and for any grouping: a row's bits depend on
 // the shape alone, never on its batch.
 constexpr int kLinearWarps = 8;
-constexpr int kSplitChannels = 512;  // the longest split, 32 tile rows: splitTiles in glm_kernels.zig
+constexpr int kSplitChannels = 512;  // the longest split, 32 tile rows: gemv_splits.zig
 constexpr int kGroupRows = 16;
 
 struct LinearArgs {
@@ -181,7 +181,7 @@ struct LinearArgs {
     int n_p;
     int bits2;
     int codebook;
-    int split_tiles;  // tile rows per k split: 32, or 16 or 8 for a small weight (glm_kernels.zig splitTiles)
+    int split_tiles;  // tile rows per k split: 32, or 16 or 8 for a small weight (gemv_splits.zig)
 };
 
 // The rotated inputs of a block's split, as fp16 high/low planes for the GEMV's ldmatrix (rows
