@@ -85,3 +85,19 @@ def test_the_cpu_backend_refuses_a_timeline_with_the_reason():
             engine.time_next_step()
         with pytest.raises(trellisforge.TrellisError, match="cuda backend on one GPU"):
             engine.timeline()
+
+
+def test_the_timeline_calls_refuse_bad_arguments():
+    """The C ABI's timeline calls on a null engine, with a null count, or with entries missing for
+    a capacity: a status and a message, never a crash."""
+    from trellisforge._ffi import ffi, lib
+
+    count = ffi.new("size_t *")
+    for status in (lib.tf_engine_time_next_step(ffi.NULL), lib.tf_engine_timeline(ffi.NULL, ffi.NULL, 0, count)):
+        assert status != 0 and "not a live engine" in ffi.string(lib.tf_last_error()).decode()
+    with trellisforge.Engine(checkpoint_dir("3.0"), backend="cpu", max_seqs=1) as engine:
+        handle = engine._live()
+        assert lib.tf_engine_timeline(handle, ffi.NULL, 0, ffi.NULL) != 0
+        assert "count_out is null" in ffi.string(lib.tf_last_error()).decode()
+        assert lib.tf_engine_timeline(handle, ffi.NULL, 4, count) != 0
+        assert "entries is null" in ffi.string(lib.tf_last_error()).decode()
