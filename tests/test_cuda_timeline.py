@@ -101,3 +101,31 @@ def test_the_timeline_calls_refuse_bad_arguments():
         assert "count_out is null" in ffi.string(lib.tf_last_error()).decode()
         assert lib.tf_engine_timeline(handle, ffi.NULL, 4, count) != 0
         assert "entries is null" in ffi.string(lib.tf_last_error()).decode()
+
+
+def test_the_timeline_table_adds_up_per_part_and_kernel():
+    """step_timeline.render's sums: per part and per kernel the launches, microseconds and bytes of
+    the entries it was given, shares of the timeline's total, GB/s and % of copy from bytes/time;
+    each distinct layer once, launch by launch."""
+    from trellisforge import step_timeline
+
+    def entry(name, layer, part, micros, reads=0):
+        return {"name": name, "layer": layer, "part": part, "micros": micros, "reads": reads}
+
+    entries = [entry("tf_embed", -1, "embed", 10.0)]
+    for layer in range(3):
+        entries += [entry("tf_exl3_item_linear", layer, "attention", 20.0, 40_000_000), entry("tf_rmsnorm", layer, "norm", 5.0),
+                    entry("tf_exl3_item_linear", layer, "ffn", 25.0, 100_000_000)]
+    entries.append(entry("tf_logits_summary", -1, "head", 5.0))
+    text = step_timeline.render(entries, step_seconds=200e-6, bandwidth_gbs=4000.0, title="t")
+    lines = text.splitlines()
+    assert lines[0].startswith("step timeline: t: 11 launches, 165.0 us on the timeline, 200.0 us per step measured") and "(82%)" in lines[0]
+    parts = {line.split()[0]: line.split() for line in lines[2:7]}
+    assert parts["ffn"][1:6] == ["3", "75.0", "45.5%", "300.00", "4000"] and parts["ffn"][6] == "100.0%"
+    assert parts["attention"][1:6] == ["3", "60.0", "36.4%", "120.00", "2000"] and parts["attention"][6] == "50.0%"
+    assert parts["norm"][1:4] == ["3", "15.0", "9.1%"] and len(parts["norm"]) == 5  # no bytes: no rate
+    kernel = next(line for line in lines if line.startswith("tf_exl3_item_linear") and " ffn " in line).split()
+    assert kernel[2:5] == ["3", "25.00", "75.0"]
+    # Layers 1 and 2 repeat layer 0's kernels: only layer 0 and the launches outside the layers are listed.
+    assert [line for line in lines if line.startswith(("layer", "outside"))] == [
+        "outside the layers, launch by launch (15.0 us):", "layer 0, launch by launch (50.0 us):"]
