@@ -121,11 +121,6 @@ pub const Kernels = struct {
         try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 }, .shared_bytes = shared_bytes }, args, "launch " ++ name, k.diag);
     }
 
-    /// Tells a timeline (cuda/timeline.zig), if one is being taken, what the next launch reads.
-    fn reads(k: Kernels, bytes: u64) void {
-        if (k.gpu.timeline) |timeline| timeline.reads(bytes);
-    }
-
     /// One table entry's trellis (8·bits2 words per 16x16 tile) and its two f16 sign vectors.
     fn exl3EntryBytes(c: Exl3Call) u64 {
         return (c.k_p / 16) * (c.n_p / 16) * 16 * @as(u64, c.bits2) + 2 * (c.k_p + c.n_p);
@@ -202,7 +197,7 @@ pub const Kernels = struct {
         // serves them all; with about one item per layer (decode over many experts) the item path
         // is faster (tf-bench: 16 rows over 128 experts took 1.9 ms grouped, 1.2 ms by item).
         if (c.grouping) |g| if (layers <= group_layers_max and c.items >= 4 * layers) return k.exl3GroupLinear(c, g, group_items, layers);
-        k.reads(@min(c.items, layers) * exl3EntryBytes(c));
+        k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c));
         const split_tiles = splitTiles(c.k_p, c.n_p, layers);
         var a = .{
             c.x,                               c.up,                                                                     c.source_rows,                       c.layer_of_item,
@@ -234,7 +229,7 @@ pub const Kernels = struct {
         const items: c_int = @intCast(c.items);
         const group_items_c: c_int = @intCast(group_items);
         try k.groupItems(c.layer_of_item, c.items, group_items, layers, group_rows, g);
-        k.reads(@min(c.items, layers) * exl3EntryBytes(c));
+        k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c));
         var a = .{
             c.x,                                                    c.up,                        c.source_rows,                       c.table,
             g.sorted,                                               g.first,                     g.count,                             g.layer,
@@ -250,7 +245,7 @@ pub const Kernels = struct {
 
     /// A warp per (row, output), 8 warps per block.
     pub fn denseLinear(k: Kernels, x: Ptr, weight: Ptr, bias: Ptr, y: Ptr, rows: usize, in_features: usize, out_features: usize) Error!void {
-        k.reads(in_features * out_features * @sizeOf(f32));
+        k.gpu.noteReads(in_features * out_features * @sizeOf(f32));
         var a = .{ x, weight, bias, y, @as(c_int, @intCast(rows)), @as(c_int, @intCast(in_features)), @as(c_int, @intCast(out_features)) };
         try k.run("tf_dense_matmul", .{ blocks(rows * out_features, 8), 1, 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
     }
@@ -306,7 +301,7 @@ pub const Kernels = struct {
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         const grid = [3]u32{ blocks(c.out_features, 32), @intCast(splits), blocks(c.rows, 32) };
-        k.reads(c.in_features * c.out_features * @as(u64, if (c.half) 2 else 4));
+        k.gpu.noteReads(c.in_features * c.out_features * @as(u64, if (c.half) 2 else 4));
         if (c.half) try k.run("tf_dense_half", grid, 256, ptrs) else try k.run("tf_dense_f32", grid, 256, ptrs);
         if (splits == 1 or !c.reduce) return;
         const pitch = c.out_features + @intFromBool(c.squares);

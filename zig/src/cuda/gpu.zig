@@ -107,6 +107,11 @@ pub const Gpu = struct {
         try gpu.driver.check(gpu.driver.api.cuMemsetD8_v2(target, 0xFF, size_bytes), "cuMemsetD8", diag);
     }
 
+    /// The weight or cache bytes the next launch reads, for a timeline being taken (else nothing).
+    pub fn noteReads(gpu: *const Gpu, bytes: u64) void {
+        if (gpu.timeline) |timeline| timeline.reads(bytes);
+    }
+
     pub fn synchronize(gpu: *const Gpu, diag: *Diagnostic) Error!void {
         try gpu.driver.check(gpu.driver.api.cuStreamSynchronize(gpu.stream), "cuStreamSynchronize", diag);
     }

@@ -450,11 +450,6 @@ pub const GpuModel = struct {
         if (model.gpu.timeline) |timeline| timeline.at(if (layer) |l| @intCast(l) else -1, part);
     }
 
-    /// The weight or cache bytes the next launch reads, for the timeline.
-    pub fn reads(model: *GpuModel, bytes: u64) void {
-        if (model.gpu.timeline) |timeline| timeline.reads(bytes);
-    }
-
     /// The batch to the device and the forward queued, replayed from a recording when it can be.
     fn run(model: *GpuModel, batch: Batch, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const rows = batch.rows();
@@ -486,21 +481,27 @@ pub const GpuModel = struct {
             try model.enqueue(rows, wanted, reduce, diag);
             return timeline.close(&model.gpu, diag);
         }
-        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
-        model.enqueueTimed(rows, wanted, diag) catch |err| {
-            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
-            return err;
-        };
-        var graph = try cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
+        var graph = try model.recordForward(rows, wanted, diag);
         errdefer graph.destroy(&model.gpu);
         try graph.upload(&model.gpu, diag);
         try graph.launch(&model.gpu, diag);
         model.timeline_graph = graph;
     }
 
-    fn enqueueTimed(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!void {
+    /// The forward of `rows` rows recorded as a graph (with the timeline's closing event when one is
+    /// being taken), the stream left out of capture whatever fails.
+    fn recordForward(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!cuda.gpu.Graph {
+        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
+        model.enqueueRecorded(rows, wanted, diag) catch |err| {
+            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
+            return err;
+        };
+        return cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
+    }
+
+    fn enqueueRecorded(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!void {
         try model.enqueue(rows, wanted, null, diag);
-        try model.timeline.?.close(&model.gpu, diag);
+        if (model.gpu.timeline) |timeline| try timeline.close(&model.gpu, diag);
     }
 
     /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
@@ -510,12 +511,7 @@ pub const GpuModel = struct {
         for (model.graphs) |slot| if (slot) |entry| {
             if (std.meta.eql(entry.key, key)) return entry.graph;
         };
-        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
-        model.enqueue(key.rows, key.wanted, null, diag) catch |err| {
-            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
-            return err;
-        };
-        const graph = try cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
+        const graph = try model.recordForward(key.rows, key.wanted, diag);
         const slot = &model.graphs[model.graph_next % graph_slots];
         model.graph_next += 1;
         if (slot.*) |*old| old.graph.destroy(&model.gpu);

@@ -104,7 +104,7 @@ pub fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuGqa, layer: us
     }
     if (model.step_rest) {
         const skip = if (model.step_tiles > 0) model.attention_skip else 0;
-        model.reads(model.step_positions * 2 * c.kv_heads * c.head_dim * model.limits.kv_dtype.bytes());
+        model.gpu.noteReads(model.step_positions * 2 * c.kv_heads * c.head_dim * model.limits.kv_dtype.bytes());
         try k.attention(model.q, model.attention_out, kv, if (rows <= model.attention_spread_rows) model.attention_parts else null, skip);
     }
     try model.runLinear(k, &block.o, model.attention_out, model.projected, rows, 0);

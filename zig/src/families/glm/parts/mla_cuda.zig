@@ -169,7 +169,7 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
     try mk.absorb(b.q, mla.wuk, b.q_lat, rows, c.heads, m.qkDim(), m.nope_dim);
     const spread = if (rows <= b.spread_rows) b.parts else null;
     const positions = if (selection.topk > 0) @min(model.step_positions, rows * selection.topk) else model.step_positions;
-    model.reads(positions * (M.latent + M.rope) * model.limits.kv_dtype.bytes());
+    model.gpu.noteReads(positions * (M.latent + M.rope) * model.limits.kv_dtype.bytes());
     try mk.attention(b.q, b.q_lat, b.lat_out, paged, selection, spread, c.heads, m.qkDim(), m.nope_dim, c.attention_scale);
     try mk.vUp(b.lat_out, mla.wuv_t, b.out, rows, c.heads, m.v_dim);
     try model.runLinear(k, &mla.o, b.out, model.projected, rows, 0);
