@@ -98,6 +98,63 @@ def test_ties_keep_the_lowest_ids():
     assert tokens == set(np.sort(top)[:4].tolist())
 
 
+@gpu
+def test_a_full_vocabulary_spread_over_many_blocks():
+    """GLM's 151552-token rows span 37 blocks: each cut-off is found a digit at a time across them
+    and the draw walks the block that holds u. Rows: spread logits; a flat row (every token in one
+    bin, ties across every block); few distinct values (tie groups of thousands crossing blocks)."""
+    rng = np.random.default_rng(5)
+    vocab = 151552
+    logits = np.stack([
+        (rng.standard_normal(vocab) * 3).astype(np.float32),
+        np.zeros(vocab, dtype=np.float32),
+        np.round(rng.standard_normal(vocab) * 2).astype(np.float32),
+    ])
+    settings = [
+        dict(temperature=0.7, top_p=0.95),
+        dict(temperature=1.0, top_k=50),
+        dict(temperature=0.8, top_p=0.625, top_k=70000),  # 0.625 is exact in f32 and f64: the flat row keeps 43750
+        dict(temperature=1.0, min_p=0.1),
+        dict(temperature=1.0),
+    ]
+    jobs = [dict(row=row, u=u, **setting) for row in range(3) for setting in settings for u in (0.0, 0.3, 0.77, 0.9999)]
+    choices = cuda_sample(logits, jobs)
+    log_total = np.log(np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True)).sum(axis=1)) + logits.max(axis=1)
+    references = {}
+    for job, (token, logprob) in zip(jobs, choices):
+        setting = {k: v for k, v in job.items() if k not in ("row", "u")}
+        key = (job["row"], tuple(sorted(setting.items())))
+        if key not in references:
+            references[key] = reference(logits[job["row"]], **setting)
+        assert_interval(token, job["u"], *references[key], str(job))
+        assert abs(logprob - (float(logits[job["row"], token]) - log_total[job["row"]])) < 1e-5
+    flat_top_k = [token for job, (token, _) in zip(jobs, choices) if job["row"] == 1 and job.get("top_k") == 50]
+    assert max(flat_top_k) < 50
+    # A job's token does not depend on the jobs beside it.
+    alone = [cuda_sample(logits, [job])[0] for job in jobs[::7]]
+    assert alone == choices[::7]
+
+
+@gpu
+def test_ties_across_blocks_keep_the_lowest_ids():
+    """Ten tokens share the top logit in five blocks of 4096 tokens; a cut-off inside them keeps
+    the lowest ids, wherever their blocks are."""
+    vocab = 20000
+    logits = np.full((1, vocab), -40.0, dtype=np.float32)
+    top = np.array([19999, 4095, 4096, 8191, 12288, 17, 16383, 9000, 2, 15000])
+    logits[0, top] = 2.0
+    lowest = np.sort(top)
+    draws = [(j + 0.5) / 120 for j in range(120)]
+    for setting, kept in [
+        (dict(top_k=4), lowest[:4]),
+        (dict(top_p=0.35), lowest[:4]),
+        (dict(top_p=0.65, top_k=9), lowest[:6]),
+        (dict(min_p=0.5), lowest),
+    ]:
+        tokens = {t for t, _ in cuda_sample(logits, [dict(row=0, temperature=1.0, u=u, **setting) for u in draws])}
+        assert tokens == set(kept.tolist()), setting
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(row=2, temperature=1.0, u=0.5), "logits row"),
     (dict(row=0, temperature=0.0, u=0.5), "temperature"),

@@ -1,6 +1,6 @@
 // Sampling on the GPU for rows whose parameters need only temperature, top-k, top-p and min-p (no
-// penalties, no alternatives): one 1024-thread block per sampled row, and only the token and its
-// log-probability cross to the host. Host half: zig/src/cuda/sampling.zig.
+// penalties, no alternatives): only the token and its log-probability cross to the host. Host half:
+// zig/src/cuda/sampling.zig.
 //
 // What it computes (the host sampler's filters, engine/sampler.zig, on exact integer weights):
 //  - order: logit descending, token id ascending on ties; a token's weight is
@@ -13,13 +13,25 @@
 //    host sampler takes it, picks the kept token whose interval in id order holds u · (kept
 //    weight). The distribution is the host sampler's; the token a given u names differs (the host
 //    walks the kept tokens in logit order).
-// Every sum is an integer sum over a fixed tree, so the same row and u give the same token.
+//
+// How: a row is cut into spans of kSpan tokens, a block each, so a 151552-token row keeps 37 SMs
+// busy rather than one. A cut-off (top-k's, top-p's) is the largest order key whose prefix reaches
+// the target, found a digit at a time (11 + 11 + 10 bits of the key): one launch per digit, whose
+// blocks add their tokens' amounts into the job's histogram and whose last block to finish picks
+// the digit and clears the histogram. The draw is one launch whose blocks total their spans and
+// whose last block walks the span that holds the target. Every sum is an integer sum, so atomics
+// in any order give the same bits: the same row and u give the same token.
 #include <stdint.h>
 
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kSpan = 4096;                // tokens per block (sampling.zig span)
+constexpr int kRun = kSpan / kThreads;     // consecutive tokens per thread
+constexpr int kBins = 2048;                // the widest digit, 11 bits
+constexpr int kLevels = 3;
+constexpr int kPhaseTopK = 0;  // else top-p
 
 struct LogitsSummary {  // core/logits_summary.zig
     double log_total;
@@ -40,6 +52,45 @@ struct SampleJob {  // cuda/sampling.zig Job
 struct SampleChoice {
     uint32_t token;
     float logprob;
+};
+
+// A prefix of the order: every token with key > key, and the first `quota` tokens (by id) of those
+// with key == key. Every token: key 0 (below any logit's), quota 0.
+struct Boundary {
+    uint32_t key;
+    uint32_t reserved;
+    unsigned long long quota;
+};
+
+// A job's state between launches (sampling.zig State): zero at rest, and left so by each call.
+struct State {
+    Boundary top_k;               // written by top-k's last digit
+    Boundary top_p;               // written by top-p's last digit
+    unsigned long long above;     // amount above the digits chosen so far
+    unsigned long long target;    // the amount the cut-off must reach
+    uint32_t prefix;              // the digits chosen so far
+    uint32_t counter;             // blocks of this launch done (the last resets it)
+    uint32_t floor_not;           // ~(lowest key with probability >= min_p); 0: none yet
+    uint32_t reserved;
+};
+static_assert(sizeof(State) == 64, "sampling.zig state_bytes");
+
+struct SpanSum {  // a draw block's span: weight strictly above the boundary, ties at it
+    unsigned long long strict;
+    unsigned long long ties;
+};
+
+// A job's scratch: its state, its histogram, one SpanSum per block of the row.
+struct Scratch {
+    State* state;
+    unsigned long long* histogram;
+    SpanSum* spans;
+    __device__ Scratch(unsigned char* base, int job, int spans_per_row) {
+        unsigned char* p = base + static_cast<size_t>(job) * (sizeof(State) + kBins * 8 + static_cast<size_t>(spans_per_row) * sizeof(SpanSum));
+        state = reinterpret_cast<State*>(p);
+        histogram = reinterpret_cast<unsigned long long*>(p + sizeof(State));
+        spans = reinterpret_cast<SpanSum*>(p + sizeof(State) + kBins * 8);
+    }
 };
 
 // Orders floats as unsigned integers (larger logit, larger key); -0 ties with +0.
@@ -63,40 +114,22 @@ struct Row {
     }
 };
 
-// A prefix of the order: every token with key > key, and the first `quota` tokens (by id) of those
-// with key == key. Every token: key 0 (below any logit's), quota 0.
-struct Boundary {
-    uint32_t key;
-    unsigned long long quota;
-};
-
 __device__ __forceinline__ bool shorter(Boundary a, Boundary b) {
     return a.key > b.key || (a.key == b.key && a.quota < b.quota);
 }
 
-struct Shared {
-    unsigned long long warp_values[kWarps];
-    uint32_t key_min;
-};
+__device__ __forceinline__ bool top_k_active(const SampleJob& job, int vocab) { return job.top_k > 0 && job.top_k < vocab; }
+__device__ __forceinline__ bool top_p_active(const SampleJob& job) { return job.top_p < 1.f; }
 
-__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    return v;
+// The amount a token adds: its weight, or 1 when counting.
+template <bool kWeights>
+__device__ __forceinline__ unsigned long long amount(const Row& r, float logit) {
+    if constexpr (kWeights) return r.weight(logit);
+    else return 1ull;
 }
 
-// The block's total of v (every thread gets it).
-__device__ unsigned long long block_sum_u64(unsigned long long v, Shared& s) {
-    v = warp_sum_u64(v);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) s.warp_values[threadIdx.x / 32] = v;
-    __syncthreads();
-    unsigned long long total = 0;
-    for (int w = 0; w < kWarps; ++w) total += s.warp_values[w];
-    return total;
-}
-
-// Exclusive prefix of v over thread order; *total gets the sum.
-__device__ unsigned long long block_scan_u64(unsigned long long v, Shared& s, unsigned long long* total) {
+// Exclusive prefix of v over thread order; *total gets the sum. `warp_values` holds kWarps.
+__device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* warp_values, unsigned long long* total) {
     const int lane = threadIdx.x % 32;
     unsigned long long inclusive = v;
     for (int offset = 1; offset < 32; offset *= 2) {
@@ -104,98 +137,285 @@ __device__ unsigned long long block_scan_u64(unsigned long long v, Shared& s, un
         if (lane >= offset) inclusive += other;
     }
     __syncthreads();
-    if (lane == 31) s.warp_values[threadIdx.x / 32] = inclusive;
+    if (lane == 31) warp_values[threadIdx.x / 32] = inclusive;
     __syncthreads();
     unsigned long long before = 0, sum = 0;
     for (int w = 0; w < kWarps; ++w) {
-        if (w < static_cast<int>(threadIdx.x / 32)) before += s.warp_values[w];
-        sum += s.warp_values[w];
+        if (w < static_cast<int>(threadIdx.x / 32)) before += warp_values[w];
+        sum += warp_values[w];
     }
     *total = sum;
     return before + inclusive - v;
 }
 
-// The amount a token of `key` adds: its weight, or 1 when counting.
-template <bool kWeights>
-__device__ __forceinline__ unsigned long long amount(const Row& r, uint32_t key) {
-    if constexpr (kWeights) return r.weight(key_value(key));
-    else return 1ull;
+// Whether this block is the last of the job's launch to finish (its writes made visible first);
+// the last one resets the counter for the next launch and sees every block's writes.
+__device__ bool last_to_finish(State* state, bool* shared_flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *shared_flag = atomicAdd(&state->counter, 1u) == gridDim.x - 1;
+        if (*shared_flag) state->counter = 0u;
+    }
+    __syncthreads();
+    if (!*shared_flag) return false;
+    __threadfence();
+    return true;
 }
 
-// The amount of the tokens inside `within` whose key is at least `floor`.
-template <bool kWeights>
-__device__ unsigned long long amount_from(const Row& r, Boundary within, uint32_t floor, Shared& s) {
-    unsigned long long sum = 0;
-    for (int i = threadIdx.x; i < r.vocab; i += kThreads) {
-        const uint32_t key = order_key(r.logits[i]);
-        if (key > within.key && key >= floor) sum += amount<kWeights>(r, key);
-    }
-    sum = block_sum_u64(sum, s);
-    if (within.quota > 0 && within.key >= floor) sum += within.quota * amount<kWeights>(r, within.key);
-    return sum;
+// This thread's run of consecutive token ids within span `span` (empty past the vocabulary).
+__device__ __forceinline__ void run_of(int span, int vocab, int* first, int* last) {
+    const int begin = span * kSpan + static_cast<int>(threadIdx.x) * kRun;
+    *first = min(vocab, begin);
+    *last = min(vocab, begin + kRun);
 }
 
-// The shortest prefix of the tokens inside `within` whose amount reaches `target` (>= 1 and at most
-// their total): the boundary key is the largest key k with amount(key >= k) >= target, found bit by
-// bit from the top with exact block sums (no atomics: a histogram's shared-memory atomics serialise
-// when the logits are flat and every token lands in one bucket).
+struct LevelShared {
+    unsigned long long histogram[kBins];
+    unsigned long long warp_values[kWarps];
+    unsigned long long above, target;
+    int digit;
+    bool last;
+};
+
+// One digit of a cut-off inside `within`: the blocks histogram their tokens' amounts by the digit
+// (tokens whose higher digits are the ones chosen), the last block picks the largest digit whose
+// amount from the top reaches the target.
 template <bool kWeights>
-__device__ Boundary select_prefix(const Row& r, Boundary within, unsigned long long target, Shared& s) {
-    uint32_t prefix = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-        const uint32_t candidate = prefix | (1u << bit);
-        if (amount_from<kWeights>(r, within, candidate, s) >= target) prefix = candidate;
+__device__ void level(const Row& r, const SampleJob& job, Scratch scratch, Boundary within, int level_index, LevelShared& s) {
+    const int shift = level_index == 0 ? 21 : (level_index == 1 ? 10 : 0);
+    const int bins = level_index == 2 ? 1024 : 2048;
+    const uint32_t fixed = level_index == 0 ? 0u : ~0u << (level_index == 1 ? 21 : 10);
+    State* state = scratch.state;
+    const uint32_t prefix = level_index == 0 ? 0u : state->prefix;
+
+    for (int b = threadIdx.x; b < bins; b += kThreads) s.histogram[b] = 0ull;
+    __syncthreads();
+    int first, last;
+    run_of(blockIdx.x, r.vocab, &first, &last);
+    // Consecutive tokens of one digit add up before one atomic: flat logits put a whole span in
+    // one bin, where per-token shared atomics would serialise.
+    int run_digit = -1;
+    unsigned long long run = 0;
+    for (int i = first; i < last; ++i) {
+        const float logit = r.logits[i];
+        const uint32_t key = order_key(logit);
+        if (key <= within.key || (key & fixed) != prefix) continue;
+        const int digit = static_cast<int>((key >> shift) & static_cast<uint32_t>(bins - 1));
+        if (digit != run_digit) {
+            if (run) atomicAdd(&s.histogram[run_digit], run);
+            run_digit = digit;
+            run = 0;
+        }
+        run += amount<kWeights>(r, logit);
     }
-    const unsigned long long above = prefix == 0xFFFFFFFFu ? 0ull : amount_from<kWeights>(r, within, prefix + 1, s);
-    const unsigned long long each = amount<kWeights>(r, prefix);
-    return {prefix, (target - above + each - 1) / each};
+    if (run) atomicAdd(&s.histogram[run_digit], run);
+    __syncthreads();
+    for (int b = threadIdx.x; b < bins; b += kThreads)
+        if (s.histogram[b]) atomicAdd(scratch.histogram + b, s.histogram[b]);
+    if (!last_to_finish(state, &s.last)) return;
+
+    for (int b = threadIdx.x; b < bins; b += kThreads) {
+        s.histogram[b] = __ldcg(scratch.histogram + b);
+        scratch.histogram[b] = 0ull;  // clear for the next launch
+    }
+    __syncthreads();
+    // The first `quota` ties at within.key count, as a block: their key passes the higher digits or not.
+    if (threadIdx.x == 0 && within.quota > 0 && (within.key & fixed) == prefix)
+        s.histogram[(within.key >> shift) & static_cast<uint32_t>(bins - 1)] += within.quota * amount<kWeights>(r, key_value(within.key));
+    __syncthreads();
+
+    // Thread t holds bins in descending order, so a scan over threads sums the bins above its own.
+    const int per = bins / kThreads;
+    const int top = bins - 1 - static_cast<int>(threadIdx.x) * per;
+    unsigned long long mine = 0;
+    for (int j = 0; j < per; ++j) mine += s.histogram[top - j];
+    unsigned long long total;
+    const unsigned long long higher = block_scan_u64(mine, s.warp_values, &total);
+    if (threadIdx.x == 0) {
+        if (level_index == 0) {
+            s.above = 0;
+            if constexpr (kWeights) {
+                unsigned long long target = static_cast<unsigned long long>(ceil(static_cast<double>(job.top_p) * static_cast<double>(total)));
+                s.target = target < 1 ? 1 : (target > total ? total : target);
+            } else {
+                s.target = static_cast<unsigned long long>(job.top_k);
+            }
+        } else {
+            s.above = state->above;
+            s.target = state->target;
+        }
+        s.digit = 0;  // unreached: the target is at most the total
+    }
+    __syncthreads();
+    const unsigned long long target = s.target;
+    unsigned long long running = s.above + higher;
+    __syncthreads();
+    if (running < target) {
+        for (int j = 0; j < per; ++j) {
+            const unsigned long long next = running + s.histogram[top - j];
+            if (next >= target) {
+                s.digit = top - j;
+                s.above = running;
+                break;
+            }
+            running = next;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const uint32_t chosen = prefix | (static_cast<uint32_t>(s.digit) << shift);
+    if (level_index < kLevels - 1) {
+        state->prefix = chosen;
+        state->above = s.above;
+        state->target = target;
+        return;
+    }
+    const unsigned long long each = amount<kWeights>(r, key_value(chosen));
+    const Boundary found{chosen, 0u, (target - s.above + each - 1) / each};
+    if constexpr (kWeights) state->top_p = found;
+    else state->top_k = found;
+}
+
+__device__ __forceinline__ Row row_of(const float* logits, const LogitsSummary* summaries, const SampleJob& job, int vocab) {
+    return Row{logits + static_cast<size_t>(job.row) * vocab, vocab, summaries[job.row].max, 1.0f / job.temperature};
 }
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads) tf_sample(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
-                                                                 const SampleJob* __restrict__ jobs, SampleChoice* __restrict__ out,
-                                                                 int count, int vocab) {
-    __shared__ Shared s;
-    const int job_index = blockIdx.x;
-    if (job_index >= count) return;
-    const SampleJob job = jobs[job_index];
-    const LogitsSummary summary = summaries[job.row];
-    const Row r{logits + static_cast<size_t>(job.row) * vocab, vocab, summary.max, 1.0f / job.temperature};
-
-    Boundary kept{0u, 0ull};  // every token
-    if (job.top_k > 0 && job.top_k < vocab) kept = select_prefix<false>(r, kept, static_cast<unsigned long long>(job.top_k), s);
-    if (job.top_p < 1.f) {
-        const unsigned long long total = amount_from<true>(r, kept, 0u, s);
-        unsigned long long target = static_cast<unsigned long long>(ceil(static_cast<double>(job.top_p) * static_cast<double>(total)));
-        target = target < 1 ? 1 : (target > total ? total : target);
-        const Boundary nucleus = select_prefix<true>(r, kept, target, s);
-        if (shorter(nucleus, kept)) kept = nucleus;
+// One digit (`level` 0..2) of top-k's cut-off (phase 0) or top-p's (phase 1) for every job that
+// asks for it. Grid (spans, jobs).
+extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_level(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
+                                                                       const SampleJob* __restrict__ jobs, unsigned char* __restrict__ scratch_base,
+                                                                       int vocab, int phase, int level_index) {
+    __shared__ LevelShared s;
+    const SampleJob job = jobs[blockIdx.y];
+    const Row r = row_of(logits, summaries, job, vocab);
+    const Scratch scratch(scratch_base, blockIdx.y, gridDim.x);
+    if (phase == kPhaseTopK) {
+        if (!top_k_active(job, vocab)) return;
+        level<false>(r, job, scratch, Boundary{0u, 0u, 0ull}, level_index, s);
+    } else {
+        if (!top_p_active(job)) return;
+        const Boundary within = top_k_active(job, vocab) ? scratch.state->top_k : Boundary{0u, 0u, 0ull};
+        level<true>(r, job, scratch, within, level_index, s);
     }
+}
+
+// min-p's floor: the lowest key whose probability reaches min_p (they form a prefix: exp is
+// monotone), for every job that asks for it. Grid (spans, jobs).
+extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_floor(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
+                                                                       const SampleJob* __restrict__ jobs, unsigned char* __restrict__ scratch_base, int vocab) {
+    __shared__ uint32_t warp_lowest[kWarps];
+    const SampleJob job = jobs[blockIdx.y];
+    if (!(job.min_p > 0.f)) return;
+    const Row r = row_of(logits, summaries, job, vocab);
+    const Scratch scratch(scratch_base, blockIdx.y, gridDim.x);
+    int first, last;
+    run_of(blockIdx.x, vocab, &first, &last);
+    uint32_t lowest = 0xFFFFFFFFu;
+    for (int i = first; i < last; ++i) {
+        const float logit = r.logits[i];
+        if (r.probability(logit) >= job.min_p) lowest = min(lowest, order_key(logit));
+    }
+    for (int offset = 16; offset > 0; offset /= 2) lowest = min(lowest, __shfl_xor_sync(0xFFFFFFFFu, lowest, offset));
+    if (threadIdx.x % 32 == 0) warp_lowest[threadIdx.x / 32] = lowest;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < kWarps; ++w) lowest = min(lowest, warp_lowest[w]);
+    if (lowest != 0xFFFFFFFFu) atomicMax(&scratch.state->floor_not, ~lowest);
+}
+
+// The draw: the kept set is the shortest of the cut-offs found; each block totals its span's kept
+// weight; the last block finds the span holding u · (kept weight) and walks it. Grid (spans, jobs).
+extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_draw(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
+                                                                      const SampleJob* __restrict__ jobs, unsigned char* __restrict__ scratch_base,
+                                                                      SampleChoice* __restrict__ out, int vocab) {
+    __shared__ unsigned long long warp_values[kWarps];
+    __shared__ unsigned long long span_mass[kThreads];
+    __shared__ unsigned long long span_ties[kThreads];
+    __shared__ bool last_block;
+    __shared__ int chosen_span;
+    __shared__ unsigned long long chosen_before, chosen_tie_base, chosen_target;  // from thread 0
+    const SampleJob job = jobs[blockIdx.y];
+    const LogitsSummary summary = summaries[job.row];
+    const Row r = row_of(logits, summaries, job, vocab);
+    const Scratch scratch(scratch_base, blockIdx.y, gridDim.x);
+    State* state = scratch.state;
+
+    Boundary kept{0u, 0u, 0ull};  // every token
+    if (top_k_active(job, vocab)) kept = state->top_k;
+    if (top_p_active(job) && shorter(state->top_p, kept)) kept = state->top_p;
     if (job.min_p > 0.f) {
-        // Tokens at or above the floor form a prefix (exp is monotone): the lowest key among them, all its ties.
-        if (threadIdx.x == 0) s.key_min = 0xFFFFFFFFu;
-        __syncthreads();
-        uint32_t lowest = 0xFFFFFFFFu;
-        for (int i = threadIdx.x; i < vocab; i += kThreads) {
-            const float logit = r.logits[i];
-            if (r.probability(logit) >= job.min_p) lowest = min(lowest, order_key(logit));
-        }
-        atomicMin(&s.key_min, lowest);
-        __syncthreads();
-        const Boundary floor{s.key_min, ~0ull};
+        const Boundary floor{~state->floor_not, 0u, ~0ull};
         if (shorter(floor, kept)) kept = floor;
     }
+    const unsigned long long each = r.weight(key_value(kept.key));  // a tie's weight
 
-    // The draw, in id order: each thread takes a contiguous run of ids.
-    const int run = (vocab + kThreads - 1) / kThreads;
-    const int first = min(vocab, static_cast<int>(threadIdx.x) * run);
-    const int last = min(vocab, first + run);
-    unsigned long long ties = 0;
-    for (int i = first; i < last; ++i) ties += order_key(r.logits[i]) == kept.key;
+    int first, last;
+    run_of(blockIdx.x, vocab, &first, &last);
+    unsigned long long strict = 0, ties = 0;
+    for (int i = first; i < last; ++i) {
+        const float logit = r.logits[i];
+        const uint32_t key = order_key(logit);
+        if (key > kept.key) strict += r.weight(logit);
+        ties += key == kept.key;
+    }
+    unsigned long long total_strict, total_ties;
+    block_scan_u64(strict, warp_values, &total_strict);
+    block_scan_u64(ties, warp_values, &total_ties);
+    if (threadIdx.x == 0) scratch.spans[blockIdx.x] = SpanSum{total_strict, total_ties};
+    if (!last_to_finish(state, &last_block)) return;
+    if (threadIdx.x == 0) chosen_span = gridDim.x - 1;  // unused: the target is below the total
+
+    // Each span's kept weight is its strict weight and its ties among the first `quota` (by id):
+    // two passes over the spans' sums (staged kThreads at a time), the total, then the span
+    // holding the target.
+    const int spans = gridDim.x;
+    unsigned long long tie_base = 0, cumulative = 0, target = 0;  // thread 0's
+    for (int pass = 0; pass < 2; ++pass) {
+        bool found = false;
+        tie_base = cumulative = 0;
+        for (int base = 0; base < spans; base += kThreads) {
+            __syncthreads();
+            if (base + static_cast<int>(threadIdx.x) < spans) {
+                span_mass[threadIdx.x] = __ldcg(&scratch.spans[base + threadIdx.x].strict);
+                span_ties[threadIdx.x] = __ldcg(&scratch.spans[base + threadIdx.x].ties);
+            }
+            __syncthreads();
+            if (threadIdx.x != 0 || found) continue;
+            for (int j = 0; j < min(kThreads, spans - base); ++j) {
+                const unsigned long long taken = kept.quota > tie_base ? min(span_ties[j], kept.quota - tie_base) : 0ull;
+                const unsigned long long mass = span_mass[j] + taken * each;
+                if (pass == 1 && target < cumulative + mass) {
+                    chosen_span = base + j;
+                    found = true;
+                    break;
+                }
+                tie_base += span_ties[j];
+                cumulative += mass;
+            }
+        }
+        if (threadIdx.x == 0 && pass == 0) {
+            target = static_cast<unsigned long long>(job.u * static_cast<double>(cumulative));
+            if (target >= cumulative) target = cumulative - 1;  // u < 1; guards the rounding of u · total
+        }
+    }
+    if (threadIdx.x == 0) {
+        chosen_target = target;
+        chosen_before = cumulative;
+        chosen_tie_base = tie_base;
+        state->floor_not = 0u;  // at rest for the next call
+    }
+    __syncthreads();
+
+    // Walk the chosen span: each thread its run of ids, tie ranks and weights scanned across them.
+    run_of(chosen_span, vocab, &first, &last);
+    unsigned long long run_ties = 0;
+    for (int i = first; i < last; ++i) run_ties += order_key(r.logits[i]) == kept.key;
     unsigned long long ignored;
-    const unsigned long long tie_base = block_scan_u64(ties, s, &ignored);
-    unsigned long long tie_rank = tie_base;
+    const unsigned long long run_tie_base = chosen_tie_base + block_scan_u64(run_ties, warp_values, &ignored);
+    unsigned long long tie_rank = run_tie_base;
     unsigned long long mass = 0;
     for (int i = first; i < last; ++i) {
         const float logit = r.logits[i];
@@ -204,14 +424,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_sample(const float* __
         if (key > kept.key || (tie && tie_rank < kept.quota)) mass += r.weight(logit);
         tie_rank += tie;
     }
-    unsigned long long total;
-    const unsigned long long before = block_scan_u64(mass, s, &total);
-    unsigned long long target = static_cast<unsigned long long>(job.u * static_cast<double>(total));
-    if (target >= total) target = total - 1;  // u < 1; guards the rounding of u · total
+    const unsigned long long before = chosen_before + block_scan_u64(mass, warp_values, &ignored);
+    target = chosen_target;
     if (target < before || target >= before + mass) return;
     // This thread's run holds the target: walk it again to the token whose interval holds it.
-    unsigned long long cumulative = before;
-    tie_rank = tie_base;
+    cumulative = before;
+    tie_rank = run_tie_base;
     for (int i = first; i < last; ++i) {
         const float logit = r.logits[i];
         const uint32_t key = order_key(logit);
@@ -221,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_sample(const float* __
         if (!member) continue;
         cumulative += r.weight(logit);
         if (target < cumulative) {
-            out[job_index] = {static_cast<uint32_t>(i), static_cast<float>(static_cast<double>(logit) - summary.log_total)};
+            out[blockIdx.y] = {static_cast<uint32_t>(i), static_cast<float>(static_cast<double>(logit) - summary.log_total)};
             return;
         }
     }

@@ -105,6 +105,7 @@ pub const Gpu = struct {
     pub fn poison(gpu: *const Gpu, target: DevicePtr, size_bytes: usize, diag: *Diagnostic) Error!void {
         try gpu.synchronize(diag);
         try gpu.driver.check(gpu.driver.api.cuMemsetD8_v2(target, 0xFF, size_bytes), "cuMemsetD8", diag);
+        try gpu.driver.check(gpu.driver.api.cuCtxSynchronize(), "cuCtxSynchronize", diag); // as in `zero`
     }
 
     /// The weight or cache bytes the next launch reads, for a timeline being taken (else nothing).

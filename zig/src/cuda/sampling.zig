@@ -9,7 +9,7 @@ const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
-pub const Module = gpu_mod.Module(&.{"tf_sample"});
+pub const Module = gpu_mod.Module(&.{ "tf_sample_level", "tf_sample_floor", "tf_sample_draw" });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     return Module.load(gpu, kernels.sample, "sample", diag);
@@ -33,13 +33,51 @@ comptime {
     std.debug.assert(@sizeOf(Job) == 32 and @sizeOf(Choice) == 8);
 }
 
-/// One 1024-thread block per job; `logits` (rows, vocab) and `summaries` (core.LogitsSummary per
-/// row) on the device, `jobs` and `out` device arrays of `count`.
-pub fn launch(gpu: *const Gpu, module: *const Module, logits: Ptr, summaries: Ptr, jobs: Ptr, out: Ptr, count: usize, vocab: usize, diag: *Diagnostic) Error!void {
-    var a = .{ logits, summaries, jobs, out, @as(c_int, @intCast(count)), @as(c_int, @intCast(vocab)) };
-    var ptrs: [a.len]*anyopaque = undefined;
-    inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-    try gpu_mod.launch(gpu, module.function("tf_sample"), .{ .grid = .{ @intCast(count), 1, 1 }, .block = .{ 1024, 1, 1 } }, ptrs, "launch tf_sample", diag);
+/// Tokens per block (sample.cu kSpan): a row of `vocab` logits takes spans(vocab) blocks.
+pub const span = 4096;
+const histogram_bytes = 2048 * 8;
+const state_bytes = 64;
+const span_sum_bytes = 16;
+
+pub fn spans(vocab: usize) usize {
+    return (vocab + span - 1) / span;
+}
+
+/// Device scratch for `jobs_max` jobs over rows of `vocab`: zeroed once (`Gpu.zero`), every
+/// launch sequence leaves it zero.
+pub fn scratchBytes(jobs_max: usize, vocab: usize) usize {
+    return @max(jobs_max, 1) * (state_bytes + histogram_bytes + spans(vocab) * span_sum_bytes);
+}
+
+/// Samples `jobs` (host copies, to choose the launches; `jobs_dev` holds the same on the device):
+/// top-k's digits, top-p's, min-p's floor, for the jobs that ask for them, then the draw. A grid of
+/// (spans, jobs) each; `logits` (rows, vocab) and `summaries` (core.LogitsSummary per row) on the
+/// device, `scratch` of scratchBytes(jobs.len or more, vocab), `out` a device array of jobs.len.
+pub fn launch(gpu: *const Gpu, module: *const Module, logits: Ptr, summaries: Ptr, jobs: []const Job, jobs_dev: Ptr, scratch: Ptr, out: Ptr, vocab: usize, diag: *Diagnostic) Error!void {
+    if (jobs.len == 0) return;
+    var top_k = false;
+    var top_p = false;
+    var min_p = false;
+    for (jobs) |job| {
+        top_k = top_k or (job.top_k > 0 and job.top_k < vocab);
+        top_p = top_p or job.top_p < 1;
+        min_p = min_p or job.min_p > 0;
+    }
+    const config: gpu_mod.Launch = .{ .grid = .{ @intCast(spans(vocab)), @intCast(jobs.len), 1 }, .block = .{ 256, 1, 1 } };
+    const vocab_c: c_int = @intCast(vocab);
+    for ([_]bool{ top_k, top_p }, 0..) |wanted, phase| {
+        if (!wanted) continue;
+        for (0..3) |level| {
+            const a = .{ logits, summaries, jobs_dev, scratch, vocab_c, @as(c_int, @intCast(phase)), @as(c_int, @intCast(level)) };
+            try gpu_mod.launchValues(gpu, module.function("tf_sample_level"), config, a, "launch tf_sample_level", diag);
+        }
+    }
+    if (min_p) {
+        const a = .{ logits, summaries, jobs_dev, scratch, vocab_c };
+        try gpu_mod.launchValues(gpu, module.function("tf_sample_floor"), config, a, "launch tf_sample_floor", diag);
+    }
+    const a = .{ logits, summaries, jobs_dev, scratch, out, vocab_c };
+    try gpu_mod.launchValues(gpu, module.function("tf_sample_draw"), config, a, "launch tf_sample_draw", diag);
 }
 
 /// Why `job` cannot be sampled over `rows` logits rows, or null.
@@ -72,10 +110,24 @@ pub fn sampleHost(logits: []const f32, rows: usize, vocab: usize, jobs: []const 
     defer gpu.free(jobs_dev);
     const out_dev = try gpu.alloc(@max(jobs.len, 1) * @sizeOf(Choice), diag);
     defer gpu.free(out_dev);
+    const scratch = try gpu.alloc(scratchBytes(jobs.len, vocab), diag);
+    defer gpu.free(scratch);
+    try gpu.zero(scratch, scratchBytes(jobs.len, vocab), diag);
     try gpu.upload(logits_dev, std.mem.sliceAsBytes(logits), diag);
     try gpu.upload(jobs_dev, std.mem.sliceAsBytes(jobs), diag);
     const k: glm_kernels.Kernels = .{ .gpu = &gpu, .module = &glm, .diag = diag };
     try k.logitsSummary(logits_dev, summaries, rows, vocab);
-    if (jobs.len > 0) try launch(&gpu, &module, logits_dev, summaries, jobs_dev, out_dev, jobs.len, vocab, diag);
+    try launch(&gpu, &module, logits_dev, summaries, jobs, jobs_dev, scratch, out_dev, vocab, diag);
     try gpu.download(std.mem.sliceAsBytes(out), out_dev, diag);
+    // Again on the same scratch, into poisoned choices: every launch must leave the scratch at
+    // rest (the engine keeps one for its life) and every job must get its choice written.
+    const first = try std.heap.page_allocator.dupe(Choice, out);
+    defer std.heap.page_allocator.free(first);
+    try gpu.poison(out_dev, @max(jobs.len, 1) * @sizeOf(Choice), diag);
+    try launch(&gpu, &module, logits_dev, summaries, jobs, jobs_dev, scratch, out_dev, vocab, diag);
+    try gpu.download(std.mem.sliceAsBytes(out), out_dev, diag);
+    for (first, out, 0..) |a, b, i| if (a.token != b.token or @as(u32, @bitCast(a.logprob)) != @as(u32, @bitCast(b.logprob))) {
+        diag.set("the sampler's second run gave job {d} token {d} where the first gave {d}: a launch left its scratch dirty or wrote no choice", .{ i, b.token, a.token });
+        return error.CudaFailed;
+    };
 }

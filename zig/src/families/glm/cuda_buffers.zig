@@ -82,6 +82,8 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.summaries = try model.alloc(l.logits_rows_max * (1 + K.Kernels.summary_slices) * @sizeOf(core.LogitsSummary), diag);
     model.sample_jobs = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Job), diag);
     model.sample_choices = try model.alloc(l.logits_rows_max * @sizeOf(cuda.sampling.Choice), diag);
+    model.sample_scratch = try model.alloc(cuda.sampling.scratchBytes(l.logits_rows_max, c.vocab_size), diag);
+    try model.gpu.zero(model.sample_scratch, cuda.sampling.scratchBytes(l.logits_rows_max, c.vocab_size), diag);
     const cache_values = l.pages * c.countOf("attention", .gqa) * c.kv_heads * l.page_tokens * c.head_dim;
     const stored = l.kv_dtype.bytes();
     model.cache_k = try model.alloc(@max(cache_values, 1) * stored, diag);

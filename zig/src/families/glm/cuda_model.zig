@@ -93,6 +93,8 @@ pub const GpuModel = struct {
     merge_shared: bool,
     sample_jobs: Ptr,
     sample_choices: Ptr,
+    /// tf_sample_*'s per-job state and histograms, zero between calls.
+    sample_scratch: Ptr,
     config: Config,
     limits: Limits,
     allocations: std.ArrayList(Ptr),
@@ -415,7 +417,7 @@ pub const GpuModel = struct {
         if (count > 0) try model.gpu.downloadAsync(std.mem.sliceAsBytes(summaries), model.summaries, diag);
         if (jobs.len > 0) {
             try model.gpu.upload(model.sample_jobs, std.mem.sliceAsBytes(jobs), diag);
-            try cuda.sampling.launch(&model.gpu, &model.sample_module, model.logits, model.summaries, model.sample_jobs, model.sample_choices, jobs.len, vocab, diag);
+            try cuda.sampling.launch(&model.gpu, &model.sample_module, model.logits, model.summaries, jobs, model.sample_jobs, model.sample_scratch, model.sample_choices, vocab, diag);
             try model.gpu.downloadAsync(std.mem.sliceAsBytes(choices), model.sample_choices, diag);
         }
         for (0..count) |i| {
