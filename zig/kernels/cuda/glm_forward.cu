@@ -274,8 +274,10 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
         for (int i = 0; i < 4; ++i) {
             const int n = chunk * kHadamard + 4 * lane + i;
             if (n >= a.out_features) continue;
-            float value = v[i] * half_to_float(layer.svh[n]);
-            if (layer.bias) value += layer.bias[n];
+            // One fused multiply-add with a bias, written out: left to the compiler, its contraction
+            // followed the kernel's control flow, and the grouped and item kernels' bits parted.
+            const float scale = half_to_float(layer.svh[n]);
+            const float value = layer.bias ? __fmaf_rn(v[i], scale, layer.bias[n]) : __fmul_rn(v[i], scale);
             a.y[static_cast<size_t>(item) * a.out_features + n] = value;
         }
     }
@@ -308,7 +310,10 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
 }
 
 // The grouped path: block z takes group z of tf_exl3_group_items (blocks past the group count
-// return at once).
+// return at once). Without `sorted_items` the items are plain layers' (item i: table entry
+// i / group_items, every item live), whose groups the sort would make are each entry's items in
+// order, in chunks of kGroupRows: computed here, so such a launch needs no sorting launch before it
+// (4.4 us on the step timeline, three per layer at four streams).
 extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
     const Exl3Layer* __restrict__ layers, const int* __restrict__ sorted_items, const int* __restrict__ group_first,
@@ -318,12 +323,23 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     __shared__ LinearInputs<kGroupRows> xs;
     __shared__ int item_sh[kGroupRows];
     const int group = blockIdx.z;
-    if (group >= *group_total) return;
-    const int rows = group_count[group];
-    if (threadIdx.x < rows) item_sh[threadIdx.x] = sorted_items[group_first[group] + threadIdx.x];
+    int rows, entry;
+    if (sorted_items) {
+        if (group >= *group_total) return;
+        rows = group_count[group];
+        entry = group_layer[group];
+        if (threadIdx.x < rows) item_sh[threadIdx.x] = sorted_items[group_first[group] + threadIdx.x];
+    } else {
+        const int per_entry = (group_items + kGroupRows - 1) / kGroupRows;
+        entry = group / per_entry;
+        const int offset = (group % per_entry) * kGroupRows;
+        rows = min(kGroupRows, min(group_items, items - entry * group_items) - offset);  // the last entry may hold fewer
+        if (rows <= 0) return;
+        if (threadIdx.x < rows) item_sh[threadIdx.x] = entry * group_items + offset + threadIdx.x;
+    }
     __syncthreads();
     const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
-    const Exl3Layer layer = layers[group_layer[group]];
+    const Exl3Layer layer = layers[entry];
     linear_block<kGroupRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs);
 }
 

@@ -228,14 +228,17 @@ pub const Kernels = struct {
     fn exl3GroupLinear(k: Kernels, c: Exl3Call, g: Grouping, group_items: usize, layers: usize) Error!void {
         const items: c_int = @intCast(c.items);
         const group_items_c: c_int = @intCast(group_items);
-        try k.groupItems(c.layer_of_item, c.items, group_items, layers, group_rows, g);
+        // Plain layers' groups are known without sorting (tf_exl3_group_linear computes them).
+        const sorted = c.layer_of_item != 0;
+        if (sorted) try k.groupItems(c.layer_of_item, c.items, group_items, layers, group_rows, g);
         k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c));
+        const none: Ptr = 0;
         var a = .{
-            c.x,                                                    c.up,                        c.source_rows,                       c.table,
-            g.sorted,                                               g.first,                     g.count,                             g.layer,
-            g.total,                                                c.acc,                       c.counters,                          c.y,
-            items,                                                  group_items_c,               @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
-            @as(c_int, @intCast(c.k_p)),                            @as(c_int, @intCast(c.n_p)), @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+            c.x,                                                    c.up,                          c.source_rows,                       c.table,
+            if (sorted) g.sorted else none,                         if (sorted) g.first else none, if (sorted) g.count else none,       if (sorted) g.layer else none,
+            if (sorted) g.total else none,                          c.acc,                         c.counters,                          c.y,
+            items,                                                  group_items_c,                 @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
+            @as(c_int, @intCast(c.k_p)),                            @as(c_int, @intCast(c.n_p)),   @as(c_int, c.bits2),                 @as(c_int, c.codebook),
             @as(c_int, @intCast(splitTiles(c.k_p, c.n_p, layers))),
         };
         var ptrs: [a.len]*anyopaque = undefined;
