@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.shared_prefix:
         rows.append(shared_prefix_row(engine, args.shared_prefix, rng))
         roofs.append(None)
-    # Greedy, then sampled as chat clients do (temperature 0.7, top-p 0.95): the sampled row's
-    # logits cross to the host and are sorted there.
+    # Greedy, then sampled as chat clients do (temperature 0.7, top-p 0.95): on a GPU the sampled
+    # row is drawn there (tf_sample_*), only its token crossing to the host.
     # Streams run until cancelled: long prompts prefill in turn, and a stream that ended after
     # decode_tokens would be gone before the last one started (at a 32k context, four of them
     # timed nothing).
