@@ -34,3 +34,34 @@ def within(error: float, tolerance: float, what: str) -> None:
     ratio = error / tolerance
     print(f"{what}: error {error:.3g} = {ratio:.3f} x tol ({tolerance:.1g})")
     assert np.isfinite(error) and ratio <= 1.0, f"{what}: error {error:.3g} is {ratio:.2f} x the tolerance {tolerance:.1g}"
+
+
+KERNEL_SOURCES = ROOT / "zig" / "kernels" / "cuda"
+
+
+@pytest.fixture(scope="session")
+def sm90_ptx(tmp_path_factory) -> dict[str, str]:
+    """The PTX nvcc makes of every kernel source for sm_90, by file name, compiled once per session
+    for the checks that read it (tests/test_kernel_*.py). Needs nvcc, no GPU."""
+    import shutil
+    import subprocess
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH: the kernels cannot be compiled here")
+    out_dir = tmp_path_factory.mktemp("ptx")
+    ptx = {}
+    for source in sorted(KERNEL_SOURCES.glob("*.cu")):
+        out = out_dir / (source.stem + ".ptx")
+        subprocess.run([nvcc, "-ptx", "-O3", "-std=c++17", "-arch=sm_90", "-o", str(out), str(source)], check=True, timeout=600)
+        ptx[source.name] = out.read_text()
+    return ptx
+
+
+def ptx_entries(ptx: str) -> list[tuple[str, str]]:
+    """(name, body) of each .entry of `ptx`."""
+    import re
+    entries = []
+    for match in re.finditer(r"\.entry (\w+)\(", ptx):
+        end = ptx.find("\n}\n", match.start())
+        entries.append((match.group(1), ptx[match.start():end]))
+    return entries

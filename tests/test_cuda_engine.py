@@ -181,6 +181,28 @@ def assert_same_bits(a, b, p):
         assert run[0] == run[1] and len(run[0]) == 12, name
 
 
+def test_programmatic_launches_give_the_bits_of_launches_in_order(monkeypatch):
+    """On sm_90 and later a kernel may be scheduled before the one ahead of it ends (programmatic
+    dependent launch) and waits for it before touching memory (grid_dependency.cuh; the PTX check
+    is tests/test_kernel_grid_dependency.py). Prompt logits, generated tokens and their
+    log-probabilities, replayed graphs and direct launches: the bits of strict order
+    (TF_CUDA_PDL=0)."""
+    p = prompts()
+    overlapped = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3, kv_dtype="f32")
+    monkeypatch.setenv("TF_CUDA_PDL", "0")
+    ordered = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3, kv_dtype="f32")
+    assert not ordered.stats()["programmatic_launch"]
+    if not overlapped.stats()["programmatic_launch"]:
+        pytest.skip("this GPU or driver launches in order only (before sm_90, or no cuLaunchKernelEx)")
+    assert_same_bits(overlapped, ordered, p)
+    monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
+    monkeypatch.delenv("TF_CUDA_PDL")
+    direct = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3, kv_dtype="f32")
+    assert direct.stats()["programmatic_launch"]
+    assert_same_bits(direct, ordered, p)
+    assert direct.stats()["graph_replays"] == 0 and overlapped.stats()["graph_replays"] > 0
+
+
 def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
     """The shared expert rides in the routed experts' launches (the last slot of each row, weight
     1) unless TF_CUDA_SHARED_MERGE=0 keeps it on its own: prompt logits (prompt kernels) and the

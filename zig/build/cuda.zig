@@ -83,6 +83,7 @@ const headers = [_][]const u8{
     "exl3_prompt.cuh",
     "exl3_tile_decode.cuh",
     "exl3_trellis.cuh",
+    "grid_dependency.cuh",
     "kv_store.cuh",
     "logits_summary.cuh",
     "mla_attention.cuh",

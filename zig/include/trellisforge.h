@@ -190,6 +190,8 @@ typedef struct {
     uint32_t kv_dtype;           /* what the cache stores (1 f32, 2 f16, 3 fp8) */
     uint32_t kv_reserved;
     uint64_t kv_bytes_per_token; /* cache bytes one position takes across every layer and part */
+    uint32_t programmatic_launch; /* 1: GPU kernels launch before their predecessor ends (sm_90+; TF_CUDA_PDL=0 off) */
+    uint32_t launch_reserved;
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "split_fold.cuh"
+#include "grid_dependency.cuh"
 
 // ---- attention ----
 
@@ -17,6 +18,7 @@ extern "C" __global__ void tf_qk_rope_store(float* __restrict__ q, float* __rest
                                             void* __restrict__ cache_k, void* __restrict__ cache_v, int8_t* __restrict__ exp_k,
                                             int8_t* __restrict__ exp_v, int kv_dtype, int rows, int heads, int kv_heads, int head_dim,
                                             int rotary_dim, float eps, int layers, int layer, int page_tokens) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
@@ -112,6 +114,7 @@ extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restr
                                                                const int* __restrict__ skip, float* __restrict__ out, float* __restrict__ part_acc,
                                                                float* __restrict__ part_ml, int rows, int heads, int kv_heads, int head_dim, int layers, int layer,
                                                                int page_tokens) {
+    tf_wait_prior_grid();
     extern __shared__ __align__(16) float attention_shared[];
     float(*qs)[kAttentionPitch] = reinterpret_cast<float(*)[kAttentionPitch]>(attention_shared + 2 * kAttentionStage);
     const int row = blockIdx.x / kv_heads;
@@ -214,6 +217,7 @@ extern "C" __global__ void TF_ATTENTION_BOUNDS tf_attention(const float* __restr
 extern "C" __global__ void __launch_bounds__(128) tf_attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                                                      const uint32_t* __restrict__ positions, const int* __restrict__ skip,
                                                                      float* __restrict__ out, int rows, int heads, int head_dim) {
+    tf_wait_prior_grid();
     __shared__ float factors[3][kAttentionSplits];  // per split: the old fold's factor, the split's, its sum
     const int row = blockIdx.x / heads;
     const int h = blockIdx.x % heads;

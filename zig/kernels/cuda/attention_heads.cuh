@@ -26,6 +26,7 @@
 #pragma once
 
 #include "kv_store.cuh"
+#include "grid_dependency.cuh"
 #include "mma.cuh"
 
 constexpr int kHeadsWarps = 4;
@@ -342,7 +343,11 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
 
 // Grid: (rows x kv_heads, splits or 1, ceil(group / 16)); block: 128 threads; dynamic shared
 // memory HeadsTile<D, dtype>::kSharedBytes. Named by head_dim and stored dtype.
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_128_f16(TF_HEADS_ARGS) { attention_heads<128, tf::kKvF16>(TF_HEADS_PASS); }
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_128_fp8(TF_HEADS_ARGS) { attention_heads<128, tf::kKvFp8>(TF_HEADS_PASS); }
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_64_f16(TF_HEADS_ARGS) { attention_heads<64, tf::kKvF16>(TF_HEADS_PASS); }
-extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_64_fp8(TF_HEADS_ARGS) { attention_heads<64, tf::kKvFp8>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_128_f16(TF_HEADS_ARGS) {
+    tf_wait_prior_grid(); attention_heads<128, tf::kKvF16>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_128_fp8(TF_HEADS_ARGS) {
+    tf_wait_prior_grid(); attention_heads<128, tf::kKvFp8>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_64_f16(TF_HEADS_ARGS) {
+    tf_wait_prior_grid(); attention_heads<64, tf::kKvF16>(TF_HEADS_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * kHeadsWarps, 2) tf_attention_heads_64_fp8(TF_HEADS_ARGS) {
+    tf_wait_prior_grid(); attention_heads<64, tf::kKvFp8>(TF_HEADS_PASS); }

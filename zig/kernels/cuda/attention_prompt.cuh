@@ -14,6 +14,7 @@
 // prompt row gives the same bits in any tile, chunk or batch.
 #pragma once
 #include <math.h>
+#include "grid_dependency.cuh"
 
 #include "kv_store.cuh"
 #include "mma.cuh"
@@ -242,6 +243,9 @@ __device__ __forceinline__ void attention_prompt(
         int layers, int layer, int page_tokens
 #define TF_PROMPT_ATTENTION_PASS q, cache_k, cache_v, exp_k, exp_v, positions, tables, table_offsets, tiles, out, heads, kv_heads, layers, layer, page_tokens
 
-extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(TF_PROMPT_ATTENTION_ARGS) { attention_prompt<tf::kKvF32>(TF_PROMPT_ATTENTION_PASS); }
-extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt_f16(TF_PROMPT_ATTENTION_ARGS) { attention_prompt<tf::kKvF16>(TF_PROMPT_ATTENTION_PASS); }
-extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt_fp8(TF_PROMPT_ATTENTION_ARGS) { attention_prompt<tf::kKvFp8>(TF_PROMPT_ATTENTION_PASS); }
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt(TF_PROMPT_ATTENTION_ARGS) {
+    tf_wait_prior_grid(); attention_prompt<tf::kKvF32>(TF_PROMPT_ATTENTION_PASS); }
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt_f16(TF_PROMPT_ATTENTION_ARGS) {
+    tf_wait_prior_grid(); attention_prompt<tf::kKvF16>(TF_PROMPT_ATTENTION_PASS); }
+extern "C" __global__ void __launch_bounds__(128) tf_attention_prompt_fp8(TF_PROMPT_ATTENTION_ARGS) {
+    tf_wait_prior_grid(); attention_prompt<tf::kKvFp8>(TF_PROMPT_ATTENTION_PASS); }

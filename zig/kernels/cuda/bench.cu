@@ -1,6 +1,7 @@
 // Ceiling kernels for tf-bench (zig/tools/tf_bench.zig): the mma.sync rate of this GPU, so that a
 // benchmark table can say how far a kernel is from the tensor cores, not only from DRAM.
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 namespace {
 
@@ -39,5 +40,7 @@ __device__ void mma_loop(float* out, int iterations) {
 }  // namespace
 
 // Each warp runs iterations × 8 mma.m16n8k16 (4096 flops each). out: one float per thread.
-extern "C" __global__ void __launch_bounds__(256) tf_bench_mma_f16(float* out, int iterations) { mma_loop<false>(out, iterations); }
-extern "C" __global__ void __launch_bounds__(256) tf_bench_mma_bf16(float* out, int iterations) { mma_loop<true>(out, iterations); }
+extern "C" __global__ void __launch_bounds__(256) tf_bench_mma_f16(float* out, int iterations) {
+    tf_wait_prior_grid(); mma_loop<false>(out, iterations); }
+extern "C" __global__ void __launch_bounds__(256) tf_bench_mma_bf16(float* out, int iterations) {
+    tf_wait_prior_grid(); mma_loop<true>(out, iterations); }

@@ -15,6 +15,7 @@
 // order, the warps' sums are added in warp order and the splits' in split order.
 #pragma once
 #include "mma.cuh"
+#include "grid_dependency.cuh"
 
 constexpr int kDenseWarps = 8;
 constexpr int kDenseOutTiles = 2;  // m16 tiles of outputs per block: 32 outputs
@@ -159,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_dense_half(const float* 
                                                                 const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
                                                                 int rows, int in_features, int out_features, int x_stride, int y_stride, int splits,
                                                                 int squares) {
+    tf_wait_prior_grid();
     dense_mma(x, weight, bias, y, partial, rows, in_features, out_features, x_stride, y_stride, splits, squares != 0);
 }
 
@@ -166,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_dense_f32(const float* _
                                                                const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
                                                                int rows, int in_features, int out_features, int x_stride, int y_stride, int splits,
                                                                int squares) {
+    tf_wait_prior_grid();
     dense_mma(x, weight, bias, y, partial, rows, in_features, out_features, x_stride, y_stride, splits, squares != 0);
 }
 
@@ -176,6 +179,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_dense_f32(const float* _
 extern "C" __global__ void __launch_bounds__(256) tf_dense_splits(const float* __restrict__ partial, const float* __restrict__ bias,
                                                                   float* __restrict__ y, int rows, int pitch, int out_features, int y_stride,
                                                                   int splits) {
+    tf_wait_prior_grid();
     const size_t value = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (value >= static_cast<size_t>(rows) * pitch) return;

@@ -4,6 +4,7 @@
 // order tf_mla_attention sums them in). Rows whose context fits index_topk select everything. The
 // host half is zig/src/cuda/dsa_kernels.zig.
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 namespace {
 
@@ -66,6 +67,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_dsa_prepare(
     const float* __restrict__ norm_weight, const float* __restrict__ norm_bias, const float* __restrict__ cos_sin,
     const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
     int rows, int heads, float eps, float weight_scale, int layers, int layer, int page_tokens) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     if (row >= rows) return;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -108,6 +110,7 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
     const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
     float* __restrict__ scores, int row_first, int rows, int heads, int topk, float score_scale, int context_max,
     int layers, int layer, int page_tokens) {
+    tf_wait_prior_grid();
     __shared__ __align__(16) float qs[kIndexHeadsMax][kIndexHeadDim];
     __shared__ float ws[kIndexHeadsMax];
     const int row = row_first + blockIdx.x;
@@ -157,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
 extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
     const float* __restrict__ scores, const uint32_t* __restrict__ positions, uint32_t* __restrict__ selected,
     uint32_t* __restrict__ counts, int row_first, int rows, int topk, int context_max, int pool) {
+    tf_wait_prior_grid();
     __shared__ int histogram[256];
     __shared__ int scan[kTopkThreads / kWarp];
     __shared__ uint32_t chosen_prefix;

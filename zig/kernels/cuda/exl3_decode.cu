@@ -3,6 +3,7 @@
 // trellis position; the tile's words (at most 256 bytes) are staged once in shared memory, so
 // each thread's two window reads hit shared memory, not DRAM.
 #include "exl3_codebook.cuh"
+#include "grid_dependency.cuh"
 #include "exl3_trellis.cuh"
 
 static_assert(tf::kTileWeights == 256, "one thread per trellis position");
@@ -13,7 +14,8 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_decode(
     int tile_rows,
     int tile_columns,
     int bits2,                              // 2·K, see exl3_trellis.cuh
-    int codebook) {                         // tf::Codebook
+    int codebook) {
+    tf_wait_prior_grid();                         // tf::Codebook
     __shared__ uint32_t ring_sh[64];       // 4·bits2 <= 64 words for K <= 8
     const int tile_column = blockIdx.x;
     const int tile_row = blockIdx.y;

@@ -3,6 +3,7 @@
 // exactly): one 1024-thread block per tile, native fp16 arithmetic rounded after every operation,
 // the strict-< lowest-k rule per out-edge and the rank rule for the end state.
 #include <cuda_fp16.h>
+#include "grid_dependency.cuh"
 #include <stdint.h>
 
 #include "exl3_codebook.cuh"
@@ -61,6 +62,7 @@ __device__ void forward(const float* __restrict__ values, int bits, int codebook
 // scratch. Dynamic shared memory: 2 · 2^(16-bits) halves.
 extern "C" __global__ void __launch_bounds__(1024) tf_exl3_encode(const float* __restrict__ values_gl, uint16_t* __restrict__ states_gl,
                                                                  uint16_t* __restrict__ back_gl, int tiles, int bits, int codebook) {
+    tf_wait_prior_grid();
     extern __shared__ half prev_sh[];
     __shared__ uint32_t best_edge_sh;
     __shared__ float best_cost_sh[32];

@@ -15,6 +15,7 @@
 // 4 bits); the codebook is a run-time switch around the whole body. Host side:
 // zig/src/cuda/exl3_prompt.zig.
 #include <cuda_fp16.h>
+#include "grid_dependency.cuh"
 #include <stdint.h>
 
 #include "exl3_codebook.cuh"
@@ -169,6 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
     int ops, int op_stride, const int* __restrict__ sorted_items, const int* __restrict__ layer_of_item,
     const int* __restrict__ group_first, const int* __restrict__ group_count, const int* __restrict__ group_layer,
     const int* __restrict__ group_total, half* __restrict__ rotated, int slots, int in_features, int k_p) {
+    tf_wait_prior_grid();
     const Groups g{sorted_items, group_first, group_count, group_layer, group_total};
     const int slot = blockIdx.y;
     const int chunk = blockIdx.x * kPromptWarps + threadIdx.x / 32;
@@ -217,6 +219,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
         const int* __restrict__ sorted_items, const int* __restrict__ group_first, const int* __restrict__ group_count,         \
         const int* __restrict__ group_layer, const int* __restrict__ group_total, half* rotated, half* down_in, int slots,      \
         int k_p, int n_p, int width, int codebook) {                                                                            \
+        tf_wait_prior_grid();                                                                                                   \
         __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2)];                                              \
         const Groups g{sorted_items, group_first, group_count, group_layer, group_total};                                       \
         TF_PROMPT_SWITCH(gu_body, K, table, up_offset, down_table, g, tf::RotatedPlanes{rotated, slots, k_p},                  \
@@ -229,6 +232,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
         const Exl3Layer* __restrict__ table, const int* __restrict__ sorted_items, const int* __restrict__ group_first,         \
         const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,          \
         half* rotated, float* __restrict__ y, int slots, int k_p, int n_p, int out_features, int codebook) {                    \
+        tf_wait_prior_grid();                                                                                                   \
         __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2)];                                              \
         const Groups g{sorted_items, group_first, group_count, group_layer, group_total};                                       \
         TF_PROMPT_SWITCH(down_body, K, table, g, tf::RotatedPlanes{rotated, slots, k_p}, y, n_p, out_features, shared)        \

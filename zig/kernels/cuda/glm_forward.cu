@@ -5,6 +5,7 @@
 // own row's inputs, summing in a fixed order: a row's bits do not depend on the other rows of its
 // batch, and the tile and block sizes depend on the shape only, never on the number of rows.
 #include <cuda_fp16.h>
+#include "grid_dependency.cuh"
 #include <stdint.h>
 
 #include "attention_prompt.cuh"
@@ -40,6 +41,7 @@ __device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2fl
 // One block per (row, 256 columns): a decode step's single row is still spread over many blocks.
 extern "C" __global__ void tf_embed(const uint32_t* __restrict__ tokens, const float* __restrict__ table,
                                     float* __restrict__ out, int rows, int hidden) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (row >= rows || i >= hidden) return;
@@ -55,6 +57,7 @@ constexpr int kNormCache = 8;
 
 extern "C" __global__ void __launch_bounds__(256) tf_rmsnorm(float* x, const float* __restrict__ delta, const float* __restrict__ weight,
                                                              float* out, int rows, int width, float eps) {
+    tf_wait_prior_grid();
     __shared__ float partial[8];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -116,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_rmsnorm(float* x, const flo
 // out[i] = x[rows[i]]: the rows whose logits are wanted, before a dense lm_head.
 extern "C" __global__ void tf_gather_rows(const float* __restrict__ x, const uint32_t* __restrict__ rows_wanted,
                                           float* __restrict__ out, int count, int width) {
+    tf_wait_prior_grid();
     const int i = blockIdx.x;
     if (i >= count) return;
     for (int d = threadIdx.x; d < width; d += blockDim.x)
@@ -123,11 +127,13 @@ extern "C" __global__ void tf_gather_rows(const float* __restrict__ x, const uin
 }
 
 extern "C" __global__ void tf_add(float* __restrict__ target, const float* __restrict__ source, int count) {
+    tf_wait_prior_grid();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) target[i] += source[i];
 }
 
 extern "C" __global__ void tf_swiglu(float* __restrict__ gate, const float* __restrict__ up, int count) {
+    tf_wait_prior_grid();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) {
         gate[i] = tf::swiglu(gate[i], up[i]);
@@ -296,6 +302,7 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
     const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
     unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
     int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
+    tf_wait_prior_grid();
     __shared__ LinearInputs<1> xs;
     __shared__ int item_sh[1];
     const int item = blockIdx.z;
@@ -320,6 +327,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,
     float* __restrict__ partial, unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items,
     int in_features, int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
+    tf_wait_prior_grid();
     __shared__ LinearInputs<kGroupRows> xs;
     __shared__ int item_sh[kGroupRows];
     const int group = blockIdx.z;
@@ -351,6 +359,7 @@ extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* 
                                                                      int layers, int group_size, int* __restrict__ ranks, int* __restrict__ sorted_items,
                                                                      int* __restrict__ group_first, int* __restrict__ group_count,
                                                                      int* __restrict__ group_layer, int* __restrict__ group_total) {
+    tf_wait_prior_grid();
     __shared__ int counts[1024];
     __shared__ int starts[1024];
     const int lane = threadIdx.x;
@@ -395,6 +404,7 @@ extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* 
 // the input and reduce with the fixed butterfly.
 extern "C" __global__ void tf_dense_matmul(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias,
                                            float* __restrict__ y, int rows, int in_features, int out_features) {
+    tf_wait_prior_grid();
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
     const int lane = threadIdx.x % kWarp;
     const int row = warp / out_features;

@@ -3,6 +3,7 @@
 // (rows, m, D); a site's maps come from the unweighted RMS norm of the flattened streams through
 // the (2m + m², m·D) mixing matrix. The host half is zig/src/cuda/hyper_kernels.zig.
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 namespace {
 
@@ -28,6 +29,7 @@ __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-
 // glm_forward.cu's tf_dense_f32 computes both on the tensor cores instead (hyper_cuda.zig).
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mix(const float* __restrict__ streams, const float* __restrict__ mix,
                                                                 float* __restrict__ raw, int rows, int m, int hidden) {
+    tf_wait_prior_grid();
     __shared__ float partial[kWarps];
     const int row = blockIdx.x, j = blockIdx.y;
     const int mixes = (2 + m) * m;
@@ -125,6 +127,7 @@ __device__ __forceinline__ void hc_maps(const float* __restrict__ sums, int spli
 extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __restrict__ sums, int splits, const float* __restrict__ base,
                                                               const float* __restrict__ scale, float* __restrict__ maps, int rows, int m,
                                                               int hidden, float norm_eps, float hc_eps, int iters) {
+    tf_wait_prior_grid();
     static_assert(kMultMax == 5 && (2 + kMultMax) * kMultMax + 1 <= 2 * kWarp, "an instance per m; two values per lane");
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -140,6 +143,7 @@ extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __re
 // The sublayer's input Σ_s pre_s·stream_s, a thread per (row, dim).
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse(const float* __restrict__ streams, const float* __restrict__ maps,
                                                                      float* __restrict__ collapsed, int rows, int m, int hidden) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int d = blockIdx.y * kThreads + threadIdx.x;
     if (row >= rows || d >= hidden) return;
@@ -158,6 +162,7 @@ constexpr int kNormCache = 8;
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse_norm(const float* __restrict__ streams, const float* __restrict__ maps,
                                                                           const float* __restrict__ weight, float* __restrict__ normed,
                                                                           int rows, int m, int hidden, float eps) {
+    tf_wait_prior_grid();
     __shared__ float partial[kWarps];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -202,6 +207,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse_norm(const
 // the row's m old values first, so the update is in place.
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave(float* __restrict__ streams, const float* __restrict__ maps,
                                                                   const float* __restrict__ out, int rows, int m, int hidden) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int d = blockIdx.y * kThreads + threadIdx.x;
     if (row >= rows || d >= hidden) return;
@@ -224,6 +230,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave(float* __rest
 // The embedding into every stream.
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_spread(const float* __restrict__ x, float* __restrict__ streams, int rows,
                                                                    int m, int hidden) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int d = blockIdx.y * kThreads + threadIdx.x;
     if (row >= rows || d >= hidden) return;
@@ -234,6 +241,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_spread(const float*
 // The streams' mean, the final norm's input.
 extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mean(const float* __restrict__ streams, float* __restrict__ out, int rows,
                                                                  int m, int hidden) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int d = blockIdx.y * kThreads + threadIdx.x;
     if (row >= rows || d >= hidden) return;

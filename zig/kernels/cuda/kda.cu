@@ -8,6 +8,7 @@
 // a run whose first position is 0 starts from zero state and tail, which are then never read. Every
 // sum has one order fixed by the head and the row alone, so a row's bits do not depend on its batch.
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 namespace {
 
@@ -79,6 +80,7 @@ extern "C" __global__ void __launch_bounds__(kConvThreads) tf_kda_conv(
     const float* __restrict__ mixed, const float* __restrict__ conv_w, const float* __restrict__ tails,
     const uint32_t* __restrict__ slots, const uint32_t* __restrict__ positions, float* __restrict__ conv_out,
     int rows, int channels, int taps, int layers, int layer) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x, ch = blockIdx.y * kConvThreads + threadIdx.x;
     if (row >= rows || ch >= channels) return;
     const size_t width = channels;
@@ -98,6 +100,7 @@ extern "C" __global__ void __launch_bounds__(kConvThreads) tf_kda_conv(
 extern "C" __global__ void __launch_bounds__(kConvThreads) tf_kda_tail(
     const float* __restrict__ mixed, float* __restrict__ tails, const uint32_t* __restrict__ slots,
     const uint32_t* __restrict__ positions, int rows, int channels, int taps, int layers, int layer) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x, ch = blockIdx.y * kConvThreads + threadIdx.x;
     if (row >= rows || ch >= channels) return;
     if (row + 1 < rows && slots[row + 1] == slots[row] && positions[row + 1] == positions[row] + 1) return;
@@ -131,6 +134,7 @@ extern "C" __global__ void __launch_bounds__(kKdaThreads) tf_kda_recurrent(
     const float* __restrict__ o_norm, float* __restrict__ states, const uint32_t* __restrict__ slots,
     const uint32_t* __restrict__ positions, const int* __restrict__ run_starts, const int* __restrict__ run_count,
     float* __restrict__ out, int heads, int beta_stride, int layers, int layer, int has_bound, float bound, float eps) {
+    tf_wait_prior_grid();
     __shared__ Chunk chunk;
     const int run = blockIdx.x, h = blockIdx.y;
     if (run >= *run_count) return;

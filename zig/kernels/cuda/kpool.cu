@@ -6,6 +6,7 @@
 // them into positions, ascending, plus the query's own incomplete pool. The host half is
 // zig/src/cuda/kpool_kernels.zig.
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 namespace {
 
@@ -44,6 +45,7 @@ extern "C" __global__ void __launch_bounds__(kDim) tf_kpool_store(
     const float* __restrict__ norm_bias, float* __restrict__ cache, const uint32_t* __restrict__ positions,
     const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets, int rows, float eps, int layers, int layer,
     int page_tokens) {
+    tf_wait_prior_grid();
     __shared__ float partial[kDim / kWarp];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -67,6 +69,7 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads, 2) tf_kpool_scores(
     const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
     float* __restrict__ scores, int row_first, int rows, int heads, int pool, float score_scale, float weight_scale, int pools_max,
     int layers, int layer, int page_tokens) {
+    tf_wait_prior_grid();
     __shared__ __align__(16) float queries[kHeadsMax * kDim];
     __shared__ float head_weights[kHeadsMax];
     const int row = row_first + blockIdx.x;
@@ -119,6 +122,7 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads, 2) tf_kpool_scores(
 extern "C" __global__ void __launch_bounds__(256) tf_kpool_expand(
     const uint32_t* __restrict__ picks, const uint32_t* __restrict__ pick_counts, const uint32_t* __restrict__ positions,
     uint32_t* __restrict__ selected, uint32_t* __restrict__ counts, int rows, int keep, int pool, int stride, int tail) {
+    tf_wait_prior_grid();
     const int row = blockIdx.x;
     if (row >= rows) return;
     const int chosen = static_cast<int>(pick_counts[row]);

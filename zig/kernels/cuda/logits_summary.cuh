@@ -6,6 +6,7 @@
 // their own blocks, and one warp per row folds the slices in a fixed order. The slices depend on
 // the vocabulary alone, so a row's summary does not depend on its batch.
 #pragma once
+#include "grid_dependency.cuh"
 
 // Device twin of core/logits_summary.zig's LogitsSummary. A slice's partial uses the same layout,
 // with log_total holding Σ exp(l − slice max) itself.
@@ -31,6 +32,7 @@ __device__ __forceinline__ void keep_best(float& best, int& index, float other, 
 // of a term); 0 when every logit of the slice is −inf, as masked tokens are.
 extern "C" __global__ void __launch_bounds__(256) tf_logits_summary_parts(const float* __restrict__ logits, LogitsSummary* __restrict__ parts,
                                                                           int rows, int vocab) {
+    tf_wait_prior_grid();
     __shared__ float best_sh[8];
     __shared__ int index_sh[8];
     __shared__ double sum_sh[8];
@@ -75,6 +77,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_logits_summary_parts(const 
 // max), a warp per row, lane s holding slice s, summed over the fixed butterfly.
 extern "C" __global__ void __launch_bounds__(256) tf_logits_summary(const LogitsSummary* __restrict__ parts, LogitsSummary* __restrict__ out,
                                                                     int rows) {
+    tf_wait_prior_grid();
     static_assert(kSummarySlices == kWarp, "a lane per slice");
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
     const int lane = threadIdx.x % kWarp;

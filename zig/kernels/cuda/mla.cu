@@ -8,6 +8,7 @@
 // The attention itself is mla_attention.cuh; here its entries, the split fold, and the steps
 // around it (the cache write, the products through W_UK and W_UV).
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 #include "mla_attention.cuh"
 
@@ -55,6 +56,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
     const float* __restrict__ cos_sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
     const uint32_t* __restrict__ table_offsets, int rows, int heads, int qk_dim, int nope_dim, int interleaved, float eps,
     int layers, int layer, int page_tokens, int kv_dtype, int8_t* __restrict__ exps) {
+    tf_wait_prior_grid();
     __shared__ float partial[8];
     __shared__ float peak[8];
     __shared__ float stored[kMlaWidth];  // the row as the cache takes it
@@ -167,6 +169,7 @@ __device__ __forceinline__ void head_product(const float* __restrict__ x, const 
 
 extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(const float* __restrict__ q, const float* __restrict__ wuk,
                                                                               float* __restrict__ q_lat, int rows, int heads, int qk_dim, int nope_dim) {
+    tf_wait_prior_grid();
     head_product(q, wuk, q_lat, rows, heads, qk_dim, nope_dim, kMlaLatent);
 }
 
@@ -183,8 +186,11 @@ extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(c
 // takes the registers of a single block (ptxas otherwise caps some of them at 128 and spills).
 #define TF_MLA_BOUNDS __launch_bounds__(kMlaThreads, 1)
 
-#define TF_MLA_ENTRY(name, spread, dtype) \
-    extern "C" __global__ void TF_MLA_BOUNDS name(TF_MLA_ATTENTION_ARGS) { mla_attention<spread, dtype>(TF_MLA_ATTENTION_PASS); }
+#define TF_MLA_ENTRY(name, spread, dtype)                                                        \
+    extern "C" __global__ void TF_MLA_BOUNDS name(TF_MLA_ATTENTION_ARGS) {                     \
+        tf_wait_prior_grid();                                                                   \
+        mla_attention<spread, dtype>(TF_MLA_ATTENTION_PASS);                                    \
+    }
 
 // Grid (rows, heads / 16, 1 or kMlaSplits); block kMlaThreads; dynamic shared memory
 // MlaStages<dtype>::kSharedBytes. Named by the cache's dtype (none: f32; fp8 takes its rows'
@@ -206,6 +212,7 @@ static_assert(kMlaLatent % kCombineThreads == 0, "whole blocks of dims");
 extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, const uint32_t* __restrict__ positions,
     const uint32_t* __restrict__ counts, float* __restrict__ out, int rows, int heads) {
+    tf_wait_prior_grid();
     __shared__ float factors[3][kMlaSplits];  // per split: the old fold's factor, the split's, its sum
     const int task = blockIdx.x;
     if (task >= rows * heads) return;
@@ -229,5 +236,6 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
 
 extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_v_up(const float* __restrict__ lat, const float* __restrict__ wuv_t,
                                                                              float* __restrict__ out, int rows, int heads, int v_dim) {
+    tf_wait_prior_grid();
     head_product(lat, wuv_t, out, rows, heads, kMlaLatent, kMlaLatent, v_dim);
 }

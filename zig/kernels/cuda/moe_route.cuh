@@ -1,6 +1,7 @@
 // The MoE router and the experts' combine, part of glm_forward.cu's module. Included once, by
 // glm_forward.cu, after the helpers it uses.
 #pragma once
+#include "grid_dependency.cuh"
 
 // ---- MoE ----
 
@@ -29,6 +30,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
                                                            int* __restrict__ pair_rows, const int* __restrict__ row_prompt,
                                                            int* __restrict__ prompt_layers, int rows, int hidden, int experts, int top_k,
                                                            int slots, int groups, int groups_per_token, int normalize, float scaling) {
+    tf_wait_prior_grid();
     __shared__ float probability[kRouteExpertsMax];
     __shared__ float choice[kRouteExpertsMax];
     __shared__ bool last_block;
@@ -169,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
 extern "C" __global__ void tf_moe_combine(const float* __restrict__ expert_out, const float* __restrict__ weights,
                                           const float* __restrict__ shared, float* __restrict__ out,
                                           int rows, int top_k, int hidden) {
+    tf_wait_prior_grid();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * hidden) return;
     const int row = i / hidden;

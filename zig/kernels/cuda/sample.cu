@@ -22,6 +22,7 @@
 // whose last block walks the span that holds the target. Every sum is an integer sum, so atomics
 // in any order give the same bits: the same row and u give the same token.
 #include <stdint.h>
+#include "grid_dependency.cuh"
 
 namespace {
 
@@ -288,6 +289,7 @@ __device__ __forceinline__ Row row_of(const float* logits, const LogitsSummary* 
 extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_level(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
                                                                        const SampleJob* __restrict__ jobs, unsigned char* __restrict__ scratch_base,
                                                                        int vocab, int phase, int level_index) {
+    tf_wait_prior_grid();
     __shared__ LevelShared s;
     const SampleJob job = jobs[blockIdx.y];
     const Row r = row_of(logits, summaries, job, vocab);
@@ -306,6 +308,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_level(const flo
 // monotone), for every job that asks for it. Grid (spans, jobs).
 extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_floor(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
                                                                        const SampleJob* __restrict__ jobs, unsigned char* __restrict__ scratch_base, int vocab) {
+    tf_wait_prior_grid();
     __shared__ uint32_t warp_lowest[kWarps];
     const SampleJob job = jobs[blockIdx.y];
     if (!(job.min_p > 0.f)) return;
@@ -331,6 +334,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_floor(const flo
 extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_draw(const float* __restrict__ logits, const LogitsSummary* __restrict__ summaries,
                                                                       const SampleJob* __restrict__ jobs, unsigned char* __restrict__ scratch_base,
                                                                       SampleChoice* __restrict__ out, int vocab) {
+    tf_wait_prior_grid();
     __shared__ unsigned long long warp_values[kWarps];
     __shared__ unsigned long long span_mass[kThreads];
     __shared__ unsigned long long span_ties[kThreads];

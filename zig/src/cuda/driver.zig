@@ -66,6 +66,29 @@ pub const Api = struct {
     cuLaunchKernel: *const fn (Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, ?[*]const ?*const anyopaque, ?[*]const ?*anyopaque) callconv(.c) Result,
 };
 
+/// CUlaunchAttribute: the id, padding to 8 bytes, the 64-byte value union (cuda.h).
+pub const LaunchAttribute = extern struct {
+    id: c_int,
+    pad: [4]u8 = @splat(0),
+    value: [64]u8 align(8) = @splat(0),
+};
+
+/// CUlaunchConfig, cuLaunchKernelEx's first argument.
+pub const LaunchConfig = extern struct {
+    grid: [3]c_uint,
+    block: [3]c_uint,
+    shared_bytes: c_uint,
+    stream: Stream,
+    attributes: ?[*]LaunchAttribute,
+    attribute_count: c_uint,
+};
+
+pub const LaunchKernelEx = *const fn (*const LaunchConfig, Function, ?[*]const ?*const anyopaque, ?[*]const ?*anyopaque) callconv(.c) Result;
+
+/// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the launch may begin before the kernel
+/// ahead of it in the stream completes (it waits with griddepcontrol.wait; grid_dependency.cuh).
+pub const launch_attribute_programmatic_stream_serialization = 6;
+
 pub const attribute_compute_capability_major = 75;
 pub const attribute_compute_capability_minor = 76;
 pub const attribute_multiprocessor_count = 16;
@@ -93,6 +116,8 @@ const known_results = [_]struct { Result, []const u8 }{
 pub const Driver = struct {
     library: std.DynLib,
     api: Api,
+    /// cuLaunchKernelEx (CUDA 12.0 and later drivers), else null: launches then take no attributes.
+    launch_ex: ?LaunchKernelEx,
 
     /// Loads libcuda and initialises it. Fails, with the reason in `diag`, when the library was
     /// built without kernels, libcuda is absent, a symbol is missing, or no device answers.
@@ -115,7 +140,7 @@ pub const Driver = struct {
                 return error.CudaUnavailable;
             };
         }
-        var driver: Driver = .{ .library = library, .api = api };
+        var driver: Driver = .{ .library = library, .api = api, .launch_ex = library.lookup(LaunchKernelEx, "cuLaunchKernelEx") };
         const init_result = api.cuInit(0);
         if (init_result != 0) {
             diag.set("CUDA unavailable: cuInit failed: {s}", .{driver.resultName(init_result)});
@@ -165,4 +190,8 @@ test "the library reports why CUDA is unavailable instead of failing to load" {
         try std.testing.expectEqual(error.CudaUnavailable, err);
         try std.testing.expect(std.mem.startsWith(u8, diag.message(), "CUDA unavailable: "));
     }
+}
+
+comptime {
+    std.debug.assert(@sizeOf(LaunchAttribute) == 72 and @sizeOf(LaunchConfig) == 56);
 }

@@ -5,6 +5,7 @@ const driver_api = @import("driver.zig");
 const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
 const Driver = driver_api.Driver;
 const Timeline = @import("timeline.zig").Timeline;
+const switches = @import("../core/switches.zig");
 pub const DevicePtr = driver_api.DevicePtr;
 pub const Error = driver_api.Error;
 
@@ -19,6 +20,10 @@ pub const Gpu = struct {
     multiprocessors: u32,
     /// When set, every launch is timed (timeline.zig).
     timeline: ?*Timeline = null,
+    /// Launches let the next kernel be scheduled before they finish (programmatic dependent
+    /// launch: sm_90 and later, a driver with cuLaunchKernelEx; TF_CUDA_PDL=0 turns it off). Every
+    /// kernel waits for its predecessor first (grid_dependency.cuh), so the bits do not change.
+    programmatic: bool = false,
 
     pub fn open(ordinal: u32, diag: *Diagnostic) Error!Gpu {
         var driver = try Driver.open(diag);
@@ -40,6 +45,7 @@ pub const Gpu = struct {
             gpu.attribute(driver_api.attribute_compute_capability_minor);
         gpu.multiprocessors = gpu.attribute(driver_api.attribute_multiprocessor_count);
         gpu.timeline = null;
+        gpu.programmatic = gpu.compute_capability >= 90 and driver.launch_ex != null and !switches.off("TF_CUDA_PDL");
         return gpu;
     }
 
@@ -271,6 +277,19 @@ pub fn launch(gpu: *const Gpu, function: driver_api.Function, config: Launch, ar
         what, config.grid[0], config.grid[1], config.grid[2], config.block[0],
     }) catch what;
     if (gpu.timeline) |timeline| try timeline.mark(gpu, what, diag);
+    if (gpu.programmatic) {
+        var attribute: driver_api.LaunchAttribute = .{ .id = driver_api.launch_attribute_programmatic_stream_serialization };
+        std.mem.writeInt(c_int, attribute.value[0..4], 1, .little); // programmaticStreamSerializationAllowed
+        const launch_config: driver_api.LaunchConfig = .{
+            .grid = .{ config.grid[0], config.grid[1], config.grid[2] },
+            .block = .{ config.block[0], config.block[1], config.block[2] },
+            .shared_bytes = config.shared_bytes,
+            .stream = gpu.stream,
+            .attributes = @ptrCast(&attribute),
+            .attribute_count = 1,
+        };
+        return gpu.driver.check(gpu.driver.launch_ex.?(&launch_config, function, &params, null), described, diag);
+    }
     try gpu.driver.check(gpu.driver.api.cuLaunchKernel(
         function,
         config.grid[0],

@@ -45,4 +45,6 @@ pub const Stats = extern struct {
     kv_dtype: u32,
     kv_reserved: u32 = 0,
     kv_bytes_per_token: u64,
+    programmatic_launch: u32,
+    launch_reserved: u32 = 0,
 };

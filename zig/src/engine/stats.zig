@@ -35,5 +35,6 @@ pub fn of(engine: *const Engine) Stats {
         .prefix_miss_tokens = if (engine.prefix) |c| c.miss_tokens else 0,
         .kv_dtype = engine.params.kv_dtype,
         .kv_bytes_per_token = glm.cache.bytesPerToken(engine.config(), params_mod.kvDtype(engine.params)),
+        .programmatic_launch = @intFromBool(if (engine.gpu_model) |model| model.gpu.programmatic else false),
     };
 }
