@@ -1,8 +1,8 @@
 //! tf-bench: this GPU's ceilings and the EXL3 expert kernels, as tables (a benchmark, not a test;
 //! docs/measurements.md records runs).
 //!
-//!   tf-bench [--quick] [--attention | --mla | --next]   (the ceilings and the attention, MLA or
-//!                                                       GLM-5.3-Flash parts table only)
+//!   tf-bench [--quick] [--attention | --mla | --next | --linears]   (the ceilings and the
+//!                                     attention, MLA, GLM-5.3-Flash parts or single-linear table only)
 //!
 //! 1. Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written per second.
 //! 2. The mma.sync rate (m16n8k16, f16 and bf16 inputs, f32 accumulate).
@@ -20,7 +20,8 @@
 //!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
 //! 4. Attention of one GLM-4.5-Air layer at contexts of 2k, 8k and 32k tokens (attention_bench.zig).
 //! --mla: MLA attention and the DSA indexer (mla_bench.zig); --next: GLM-5.3-Flash's KDA layer and
-//! hyper-connection site at full size (next_bench.zig).
+//! hyper-connection site at full size (next_bench.zig); --linears: the step's single EXL3 linears
+//! (attention projections, dense MLP, lm_head) at M = 1, 4, 16 (linear_bench.zig).
 //! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
 const std = @import("std");
 const tf = @import("trellisforge");
@@ -34,6 +35,7 @@ const say = @import("say.zig").say;
 const attention_bench = @import("attention_bench.zig");
 const mla_bench = @import("mla_bench.zig");
 const next_bench = @import("next_bench.zig");
+const linear_bench = @import("linear_bench.zig");
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
@@ -41,9 +43,10 @@ pub fn main(init: std.process.Init) u8 {
     var attention_only = false;
     var mla_only = false;
     var next_only = false;
+    var linears_only = false;
     for (args[1..]) |arg| {
-        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else if (std.mem.eql(u8, arg, "--next")) next_only = true else {
-            say("usage: tf-bench [--quick] [--attention | --mla | --next]\n", .{});
+        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else if (std.mem.eql(u8, arg, "--next")) next_only = true else if (std.mem.eql(u8, arg, "--linears")) linears_only = true else {
+            say("usage: tf-bench [--quick] [--attention | --mla | --next | --linears]\n", .{});
             return 2;
         }
     }
@@ -54,26 +57,30 @@ pub fn main(init: std.process.Init) u8 {
     };
     defer gpu.close();
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
-    run(init.gpa, &gpu, quick, attention_only, mla_only, next_only, &diag) catch |err| {
+    run(init.gpa, &gpu, quick, .{ .attention = attention_only, .mla = mla_only, .next = next_only, .linears = linears_only }, &diag) catch |err| {
         say("tf-bench failed: {t}: {s}\n", .{ err, diag.message() });
         return 1;
     };
     return 0;
 }
 
-fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, attention_only: bool, mla_only: bool, next_only: bool, diag: *Diagnostic) !void {
+/// Which single table a run prints (none: every table but those of --mla, --next and --linears).
+const Only = struct { attention: bool, mla: bool, next: bool, linears: bool };
+
+fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, only: Only, diag: *Diagnostic) !void {
     const copy_gbs = try copyBandwidth(gpu, diag);
     say("\ncopy bandwidth (1 GiB device to device, read + written): {d:.0} GB/s\n", .{copy_gbs});
-    if (mla_only) return mla_bench.run(gpa, gpu, copy_gbs, diag);
-    if (next_only) return next_bench.run(gpa, gpu, copy_gbs, diag);
-    try mmaRate(gpu, diag);
+    if (only.mla) return mla_bench.run(gpa, gpu, copy_gbs, diag);
+    if (only.next) return next_bench.run(gpa, gpu, copy_gbs, diag);
 
     var module = try K.load(gpu, diag);
     defer module.unload(gpu);
+    if (only.linears) return linear_bench.run(gpa, gpu, &module, copy_gbs, diag);
+    try mmaRate(gpu, diag);
     var prompt_module = try P.load(gpu, diag);
     defer prompt_module.unload(gpu);
     try attention_bench.run(gpa, gpu, &module, copy_gbs, quick, diag);
-    if (attention_only) return;
+    if (only.attention) return;
     say("\nexperts of one GLM-4.5-Air MoE layer (128 x [4096 -> 1408 -> 4096], top-8 + 1 shared)\n", .{});
     say("{s:<6} {s:<6} {s:<8} {s:>6} {s:>10} {s:>9} {s:>9} {s:>8}\n", .{ "bits", "cb", "path", "M", "us/layer", "MB read", "GB/s", "% copy" });
     const configs = [_]struct { bits: u8, codebook: tf.exl3.Codebook }{

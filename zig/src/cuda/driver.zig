@@ -92,6 +92,7 @@ pub const launch_attribute_programmatic_stream_serialization = 6;
 pub const attribute_compute_capability_major = 75;
 pub const attribute_compute_capability_minor = 76;
 pub const attribute_multiprocessor_count = 16;
+pub const attribute_clock_rate_khz = 13;
 pub const function_attribute_max_dynamic_shared_bytes = 8;
 /// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: only this thread's unsafe calls end a capture, so another
 /// engine's thread in the same process is not disturbed.

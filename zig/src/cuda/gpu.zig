@@ -60,6 +60,11 @@ pub const Gpu = struct {
         return gpu.name_buffer[0..gpu.name_len];
     }
 
+    /// The SMs' typical clock (kHz), for rates stated against the issue capacity (tf-bench).
+    pub fn clockKhz(gpu: *const Gpu) u32 {
+        return gpu.attribute(driver_api.attribute_clock_rate_khz);
+    }
+
     fn attribute(gpu: *const Gpu, which: c_int) u32 {
         var value: c_int = 0;
         _ = gpu.driver.api.cuDeviceGetAttribute(&value, which, gpu.device);
