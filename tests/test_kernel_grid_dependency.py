@@ -11,7 +11,7 @@ import re
 from conftest import ptx_entries
 
 # Instructions that reach global memory (or may: generic addresses), and the wait.
-GLOBAL = re.compile(r"^\s*(?:@%p\d+\s+)?(?:ld|st|atom|red|cp\.async|prefetch|ldu|mbarrier)\.(?!param|shared|local|const)[\w.:]*", re.M)
+GLOBAL = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp\.async|prefetch|ldu)\.(?!param|shared|local|const)[\w.:]*", re.M)
 WAIT = re.compile(r"^\s*griddepcontrol\.wait;", re.M)
 
 
@@ -32,8 +32,11 @@ def early_accesses(ptx: str) -> list[str]:
 def test_the_check_finds_a_missing_or_late_wait():
     ptx = (".entry good(\n{\nld.param.u64 %rd1, [p];\ngriddepcontrol.wait;\nld.global.f32 %f1, [%rd1];\n}\n"
            ".entry late(\n{\nld.param.u64 %rd1, [p];\nld.global.nc.f32 %f1, [%rd1];\ngriddepcontrol.wait;\n}\n"
-           ".entry none(\n{\nst.global.f32 [%rd1], %f1;\n}\n")
-    assert early_accesses(ptx) == ["late: 'ld.global.nc.f32' before griddepcontrol.wait", "none: no griddepcontrol.wait"]
+           ".entry none(\n{\nst.global.f32 [%rd1], %f1;\n}\n"
+           ".entry shared(\n{\n@!%p1 ld.shared.f32 %f1, [%r1];\ngriddepcontrol.wait;\n}\n"
+           ".entry guarded(\n{\n@!%p1 atom.global.add.u32 %r2, [%rd1], 1;\ngriddepcontrol.wait;\n}\n")
+    assert early_accesses(ptx) == ["late: 'ld.global.nc.f32' before griddepcontrol.wait", "none: no griddepcontrol.wait",
+                                   "guarded: '@!%p1 atom.global.add.u32' before griddepcontrol.wait"]
 
 
 def test_every_kernel_waits_for_the_one_before_it(sm90_ptx):
