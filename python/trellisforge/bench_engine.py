@@ -15,7 +15,8 @@ Beside each decode row: the megabytes a step must read (roofline.py: weights as 
 routed experts the step's rows are expected to pick, the KV cache in --kv-dtype at the row's mean context)
 and, given --bandwidth-gbs (tf-bench's measured copy bandwidth, per GPU), the tokens per second
 that bandwidth allows and the measured share of it. With --profile, after each greedy row's timed
-steps one more step is timed launch by launch (step_timeline.py)."""
+steps one more step is timed launch by launch (step_timeline.py), and so is the first chunk of the
+prompt prefilled once more after the timed prefill."""
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", default="1,4", help="the greedy decode rows' stream counts, comma-separated")
     parser.add_argument("--sampled-streams", type=int, default=1, help="streams of the sampled decode row (0: no such row)")
     parser.add_argument("--kv-dtype", default="f16", choices=["f32", "f16", "fp8"], help="what the KV cache stores")
-    parser.add_argument("--profile", action="store_true", help="a kernel timeline of one step of each greedy decode row (cuda, tp 1)")
+    parser.add_argument("--profile", action="store_true", help="a kernel timeline of one step of each greedy decode row and of a prompt chunk (cuda, tp 1)")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")
@@ -97,6 +98,16 @@ def main(argv: list[str] | None = None) -> None:
         engine.step()
     rows.append(("prefill", 1, args.prompt_tokens, elapsed, args.prompt_tokens / elapsed, f"rows_max {args.rows_max}"))
     roofs = [None]
+    if args.profile:
+        # A prompt chunk's launches: the first step of the same prompt again, against the timed
+        # prefill's mean step.
+        chunks = -(-args.prompt_tokens // args.rows_max)
+        engine.add(prompt[:args.prompt_tokens], Sampling(max_tokens=1), stop_token_ids=[])
+        engine.time_next_step()
+        engine.step()
+        timelines.append((f"prefill, a chunk of {min(args.rows_max, args.prompt_tokens)} prompt rows", engine.timeline(), elapsed / chunks))
+        while engine.stats()["sequences_live"]:
+            engine.step()
     if args.shared_prefix:
         rows.append(shared_prefix_row(engine, args.shared_prefix, rng))
         roofs.append(None)
