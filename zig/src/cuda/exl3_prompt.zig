@@ -26,7 +26,17 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
 pub const group_rows = 64;
 
 /// One EXL3 weight as the kernels see it.
-pub const Shape = struct { k_p: usize, n_p: usize, bits2: u8, codebook: u8 };
+pub const Shape = struct {
+    k_p: usize,
+    n_p: usize,
+    bits2: u8,
+    codebook: u8,
+
+    /// One table entry's trellis and sign bytes (glm_kernels' exl3EntryBytes), for the timeline.
+    fn entryBytes(shape: Shape) u64 {
+        return (shape.k_p / 16) * (shape.n_p / 16) * 16 * @as(u64, shape.bits2) + 2 * (shape.k_p + shape.n_p);
+    }
+};
 
 /// Why `shape` cannot take the prompt kernels, or null when it can.
 pub fn ineligible(shape: Shape) ?[]const u8 {
@@ -146,11 +156,15 @@ pub const Launcher = struct {
             s.rotated, s.down_in,        int(c.items), int(c.gate.k_p), int(c.gate.n_p), int(c.width), @as(c_int, c.gate.codebook),
         };
         const gu_grid: [3]u32 = .{ @intCast(c.gate.n_p / 128), groups, 1 };
+        // At most every entry the items name, gate's and up's (as the GEMV states it).
+        const entries = @min(c.items, c.layers);
+        l.glm.gpu.noteReads(entries * 2 * c.gate.entryBytes());
         switch (c.gate.bits2) {
             8 => try l.run("tf_exl3_prompt_gu", gu_grid, gu),
             6 => try l.run("tf_exl3_prompt_gu3", gu_grid, gu),
             else => try l.run("tf_exl3_prompt_gu2", gu_grid, gu),
         }
+        l.glm.gpu.noteReads(entries * c.down_shape.entryBytes());
         try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups);
     }
 
@@ -159,6 +173,7 @@ pub const Launcher = struct {
         std.debug.assert(items <= s.slots and ineligible(shape) == null);
         try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, s.grouping);
         try l.rotate(s, x, 0, items_per_row, table, 1, 0, layer_of_item, items, in_features, shape.k_p);
+        l.glm.gpu.noteReads(shape.entryBytes());
         try l.down(s, s.rotated, table, shape, out_features, y, items, @intCast(groupsMax(items, 1)));
     }
 
