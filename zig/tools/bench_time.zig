@@ -35,3 +35,43 @@ pub fn randomScaled(gpa: std.mem.Allocator, gpu: *cuda.Gpu, floats: usize, scale
     try gpu.upload(ptr, std.mem.sliceAsBytes(values), diag);
     return ptr;
 }
+
+/// Microseconds per call of a recorded graph of `calls` calls: the median of 5 replays after a
+/// warm-up.
+pub fn replayMedian(gpu: *cuda.Gpu, graph: *const cuda.gpu.Graph, calls: usize, diag: *Diagnostic) !f64 {
+    var timer = try cuda.gpu.Timer.create(gpu, diag);
+    defer timer.destroy(gpu);
+    try graph.launch(gpu, diag); // warm-up
+    var times: [5]f64 = undefined;
+    for (&times) |*t| {
+        try timer.begin(gpu, diag);
+        try graph.launch(gpu, diag);
+        t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / @as(f64, @floatFromInt(calls));
+    }
+    std.mem.sort(f64, &times, {}, std.sort.asc(f64));
+    return times[2];
+}
+
+/// `size` random bytes on the device (any 16-bit pattern is a trellis word), one random 64 MiB
+/// piece uploaded over and over.
+pub fn randomWords(gpa: std.mem.Allocator, gpu: *cuda.Gpu, size: usize, random: std.Random, diag: *Diagnostic) !Ptr {
+    const words = try gpu.alloc(size, diag);
+    errdefer gpu.free(words);
+    const piece = try gpa.alloc(u8, @min(size, 64 << 20));
+    defer gpa.free(piece);
+    random.bytes(piece);
+    var at: usize = 0;
+    while (at < size) : (at += piece.len) try gpu.upload(words + at, piece[0..@min(piece.len, size - at)], diag);
+    return words;
+}
+
+/// `count` random ±1 as f16 on the device: suh / svh sign vectors.
+pub fn randomSigns(gpa: std.mem.Allocator, gpu: *cuda.Gpu, count: usize, random: std.Random, diag: *Diagnostic) !Ptr {
+    const signs = try gpa.alloc(u16, count);
+    defer gpa.free(signs);
+    for (signs) |*s| s.* = if (random.boolean()) 0x3C00 else 0xBC00;
+    const ptr = try gpu.alloc(count * 2, diag);
+    errdefer gpu.free(ptr);
+    try gpu.upload(ptr, std.mem.sliceAsBytes(signs), diag);
+    return ptr;
+}

@@ -51,23 +51,11 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, shap
     const n_p = roundUp(shape.out_features);
     const weight_bytes = k_p * n_p * @as(usize, shape.bits) / 8;
     const copies: usize = @max(1, @min(calls, spread_bytes / weight_bytes + 1));
-    const words = try gpu.alloc(copies * weight_bytes, diag);
+    var prng = std.Random.DefaultPrng.init(weight_bytes);
+    const words = try bench_time.randomWords(gpa, gpu, copies * weight_bytes, prng.random(), diag);
     defer gpu.free(words);
-    {
-        const piece = try gpa.alloc(u8, @min(copies * weight_bytes, 64 << 20));
-        defer gpa.free(piece);
-        var prng = std.Random.DefaultPrng.init(weight_bytes);
-        prng.random().bytes(piece);
-        var at: usize = 0;
-        while (at < copies * weight_bytes) : (at += piece.len) try gpu.upload(words + at, piece[0..@min(piece.len, copies * weight_bytes - at)], diag);
-    }
-    const signs = try gpa.alloc(u16, @max(k_p, n_p));
-    defer gpa.free(signs);
-    var prng = std.Random.DefaultPrng.init(k_p + n_p);
-    for (signs) |*s| s.* = if (prng.random().boolean()) 0x3C00 else 0xBC00;
-    const signs_dev = try gpu.alloc(signs.len * 2, diag);
+    const signs_dev = try bench_time.randomSigns(gpa, gpu, @max(k_p, n_p), prng.random(), diag);
     defer gpu.free(signs_dev);
-    try gpu.upload(signs_dev, std.mem.sliceAsBytes(signs), diag);
     const entries = try gpa.alloc(K.Exl3Layer, copies);
     defer gpa.free(entries);
     for (entries, 0..) |*entry, c| entry.* = .{ .words = words + c * weight_bytes, .suh = signs_dev, .svh = signs_dev, .bias = 0 };
@@ -86,10 +74,10 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, shap
     const counters = try gpu.alloc(counter_count * 4, diag);
     defer gpu.free(counters);
     try gpu.zero(counters, counter_count * 4, diag);
-    var grouping: K.Grouping = undefined;
+    // The grouped path's scratch (a plain layer's groups need no sorting, but the call names it).
     const grouping_buffers = try gpu.alloc((2 * m + 3 * K.groupsMax(m, 1) + 1) * 4, diag);
     defer gpu.free(grouping_buffers);
-    grouping = .{
+    const grouping: K.Grouping = .{
         .ranks = grouping_buffers,
         .sorted = grouping_buffers + m * 4,
         .first = grouping_buffers + 2 * m * 4,
@@ -122,17 +110,7 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, shap
     }
     var graph = try cuda.gpu.Graph.endCapture(gpu, true, diag);
     defer graph.destroy(gpu);
-    var timer = try cuda.gpu.Timer.create(gpu, diag);
-    defer timer.destroy(gpu);
-    try graph.launch(gpu, diag); // warm-up
-    var times: [5]f64 = undefined;
-    for (&times) |*t| {
-        try timer.begin(gpu, diag);
-        try graph.launch(gpu, diag);
-        t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / calls;
-    }
-    std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-    const us = times[2];
+    const us = try bench_time.replayMedian(gpu, &graph, calls, diag);
     const mb = @as(f64, @floatFromInt(weight_bytes)) / 1e6;
     const gbs = mb * 1e6 / (us * 1e-6) / 1e9;
     const cap_gbs = lanes_per_s / instructions_per_weight * @as(f64, @floatFromInt(shape.bits)) / 8.0 / 1e9;

@@ -32,6 +32,7 @@ const P = cuda.exl3_prompt;
 const Ptr = cuda.gpu.DevicePtr;
 
 const say = @import("say.zig").say;
+const bench_time = @import("bench_time.zig");
 const attention_bench = @import("attention_bench.zig");
 const mla_bench = @import("mla_bench.zig");
 const next_bench = @import("next_bench.zig");
@@ -167,22 +168,11 @@ const Layer = struct {
         layer.codebook = @backingInt(codebook);
         layer.projection_bytes = hidden * intermediate * @as(usize, bits) / 8;
         const projections = 3 * (experts + shared_copies);
-        layer.words = try gpu.alloc(projections * layer.projection_bytes, diag);
-        errdefer gpu.free(layer.words);
-        // Random words, uploaded in 64 MiB pieces.
-        const piece = try gpa.alloc(u8, 64 << 20);
-        defer gpa.free(piece);
         var prng = std.Random.DefaultPrng.init(0xbe9c4);
-        prng.random().bytes(piece);
-        var at: usize = 0;
-        const total = projections * layer.projection_bytes;
-        while (at < total) : (at += piece.len) try gpu.upload(layer.words + at, piece[0..@min(piece.len, total - at)], diag);
-        const signs = try gpa.alloc(u16, hidden);
-        defer gpa.free(signs);
-        for (signs) |*s| s.* = if (prng.random().boolean()) 0x3C00 else 0xBC00;
-        layer.signs = try gpu.alloc(hidden * 2, diag);
+        layer.words = try bench_time.randomWords(gpa, gpu, projections * layer.projection_bytes, prng.random(), diag);
+        errdefer gpu.free(layer.words);
+        layer.signs = try bench_time.randomSigns(gpa, gpu, hidden, prng.random(), diag);
         errdefer gpu.free(layer.signs);
-        try gpu.upload(layer.signs, std.mem.sliceAsBytes(signs), diag);
 
         const entries = try gpa.alloc(K.Exl3Layer, projections);
         defer gpa.free(entries);
@@ -517,8 +507,6 @@ const Layer = struct {
         var made = try Buffers.init(gpa, gpu, m, calls, prng.random(), diag);
         defer made[0].deinit(gpu);
         const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
-        var timer = try cuda.gpu.Timer.create(gpu, diag);
-        defer timer.destroy(gpu);
         for ([_]bool{ false, true }) |merged| {
             try cuda.gpu.Graph.beginCapture(gpu, diag);
             for (0..calls) |call| {
@@ -530,15 +518,7 @@ const Layer = struct {
             }
             var graph = try cuda.gpu.Graph.endCapture(gpu, true, diag);
             defer graph.destroy(gpu);
-            try graph.launch(gpu, diag); // warm-up
-            var times: [5]f64 = undefined;
-            for (&times) |*t| {
-                try timer.begin(gpu, diag);
-                try graph.launch(gpu, diag);
-                t.* = @as(f64, try timer.end(gpu, diag)) * 1e3 / calls;
-            }
-            std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-            layer.report(if (merged) "merged" else "grouped", m, times[2], made[1], copy_gbs);
+            layer.report(if (merged) "merged" else "grouped", m, try bench_time.replayMedian(gpu, &graph, calls, diag), made[1], copy_gbs);
         }
     }
 

@@ -32,9 +32,8 @@ pub const Shape = struct {
     bits2: u8,
     codebook: u8,
 
-    /// One table entry's trellis and sign bytes (glm_kernels' exl3EntryBytes), for the timeline.
     fn entryBytes(shape: Shape) u64 {
-        return (shape.k_p / 16) * (shape.n_p / 16) * 16 * @as(u64, shape.bits2) + 2 * (shape.k_p + shape.n_p);
+        return glm_kernels.exl3EntryBytes(shape.k_p, shape.n_p, shape.bits2);
     }
 };
 

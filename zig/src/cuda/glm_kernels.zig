@@ -86,6 +86,12 @@ pub fn countersFor(items: usize, n_p: usize) usize {
     return items * (n_p / 128);
 }
 
+/// One EXL3 table entry's bytes, its trellis (8·bits2 words per 16x16 tile) and both f16 sign
+/// vectors: what the GEMV's and the prompt kernels' launches state they read per entry (timeline).
+pub fn exl3EntryBytes(k_p: usize, n_p: usize, bits2: u8) u64 {
+    return (k_p / 16) * (n_p / 16) * 16 * @as(u64, bits2) + 2 * (k_p + n_p);
+}
+
 /// Items per group on the grouped path (kGroupRows in glm_forward.cu): one decoded tile serves up
 /// to this many items of the same layer.
 pub const group_rows = 16;
@@ -119,11 +125,6 @@ pub const Kernels = struct {
     /// `run` with dynamic shared memory (its maximum set in `load`).
     fn runShared(k: Kernels, comptime name: []const u8, grid: [3]u32, block: u32, shared_bytes: u32, args: anytype) Error!void {
         try gpu_mod.launch(k.gpu, k.module.function(name), .{ .grid = grid, .block = .{ block, 1, 1 }, .shared_bytes = shared_bytes }, args, "launch " ++ name, k.diag);
-    }
-
-    /// One table entry's trellis (8·bits2 words per 16x16 tile) and its two f16 sign vectors.
-    fn exl3EntryBytes(c: Exl3Call) u64 {
-        return (c.k_p / 16) * (c.n_p / 16) * 16 * @as(u64, c.bits2) + 2 * (c.k_p + c.n_p);
     }
 
     fn blocks(count: usize, per_block: usize) u32 {
@@ -197,7 +198,7 @@ pub const Kernels = struct {
         // serves them all; with about one item per layer (decode over many experts) the item path
         // is faster (tf-bench: 16 rows over 128 experts took 1.9 ms grouped, 1.2 ms by item).
         if (c.grouping) |g| if (layers <= group_layers_max and c.items >= 4 * layers) return k.exl3GroupLinear(c, g, group_items, layers);
-        k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c));
+        k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c.k_p, c.n_p, c.bits2));
         const split_tiles = splitTiles(c.k_p, c.n_p, layers);
         var a = .{
             c.x,                               c.up,                                                                     c.source_rows,                       c.layer_of_item,
@@ -231,7 +232,7 @@ pub const Kernels = struct {
         // Plain layers' groups are known without sorting (tf_exl3_group_linear computes them).
         const sorted = c.layer_of_item != 0;
         if (sorted) try k.groupItems(c.layer_of_item, c.items, group_items, layers, group_rows, g);
-        k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c));
+        k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c.k_p, c.n_p, c.bits2));
         const none: Ptr = 0;
         var a = .{
             c.x,                                                    c.up,                          c.source_rows,                       c.table,
