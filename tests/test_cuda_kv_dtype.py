@@ -109,23 +109,24 @@ def test_mla_classes_run_f16_and_fp8_latent_caches(family, kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", ["f32", *DTYPES])
 def test_mla_long_prompt_spread_and_whole_blocks(monkeypatch, kv_dtype):
-    """A 1500-token prompt through GLM-4.7-Flash's latent attention in 32-row chunks: each chunk
-    spread over the splits (up to 47 of the 64 live, two tiles each: the fold's scan runs both of
-    its halves) gives the same bits as a block per row folding every split itself, both within
-    budget of the CPU; the tokens sampled after it are the same too."""
+    """A 2100-token prompt through GLM-4.7-Flash's latent attention in 32-row chunks: each chunk
+    spread over the splits (one, two and, past 2048 positions, three tiles each; up to 64 live, so
+    the fold's scan runs both of its halves) gives the same bits as a block per row streaming its
+    tiles through every split and folding them itself (an iteration of two tiles, or one at a
+    split's odd end), both within budget of the CPU; the tokens sampled after it are the same too."""
     root = SHARED.parent / "glm4_moe_lite"
     if not root.is_dir():
         pytest.skip(f"{root} is absent: the MLA fixtures are read from ../shared")
     checkpoint = root / "exl3_3.0bpw"
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
-    prompt = [int(t) for t in np.random.default_rng(6).integers(10, vocab, 1500)]
+    prompt = [int(t) for t in np.random.default_rng(6).integers(10, vocab, 2100)]
     spread = trellisforge.Engine(checkpoint, backend="cuda", max_seqs=2, rows_max=32, kv_dtype=kv_dtype)
     monkeypatch.setenv("TF_CUDA_ATTENTION_SPREAD", "0")
     whole = trellisforge.Engine(checkpoint, backend="cuda", max_seqs=2, rows_max=32, kv_dtype=kv_dtype)
     on_spread = spread.logits(prompt)
     assert np.array_equal(on_spread.view(np.uint32), whole.logits(prompt).view(np.uint32))
     cpu = trellisforge.Engine(checkpoint, backend="cpu", max_seqs=2, kv_dtype=kv_dtype)
-    within_budget(kv_dtype, on_spread, cpu.logits(prompt), f"glm4_moe_lite {kv_dtype} 1500-token prompt, GPU vs CPU")
+    within_budget(kv_dtype, on_spread, cpu.logits(prompt), f"glm4_moe_lite {kv_dtype} 2100-token prompt, GPU vs CPU")
     run = [[(e.token, e.logprob) for e in engine.stream(prompt, 12, temperature=0.8, seed=4, stop_token_ids=[])]
            for engine in (spread, whole)]
     assert run[0] == run[1] and len(run[0]) == 12

@@ -7,6 +7,8 @@
 //!                 and their rows' bits independent of the batch (dense_suite.zig)
 //!   kv            the f16 and fp8 KV caches: stored bytes equal the host's, attention vs f64,
 //!                 spread/whole and alone/batched bits (kv_suite.zig)
+//!   mla           MLA's head products for a prompt chunk's rows equal the decode step's kernels
+//!                 bit for bit, and both vs f64 (mla_suite.zig)
 //!   nccl [--world N --rank R --master HOST:PORT]
 //!                 all-reduce, broadcast and all-gather exact, and the all-reduce bus bandwidth;
 //!                 one process per GPU, the unique id sent from rank 0 over TCP
@@ -19,6 +21,7 @@ const Diagnostic = tf.core.Diagnostic;
 const glm_exl3 = @import("glm_exl3_suite.zig");
 const dense = @import("dense_suite.zig");
 const kv = @import("kv_suite.zig");
+const mla = @import("mla_suite.zig");
 const Report = @import("report.zig").Report;
 
 const say = @import("say.zig").say;
@@ -30,8 +33,9 @@ pub fn main(init: std.process.Init) u8 {
     const is_glm = std.mem.eql(u8, suite, "glm-exl3") and args.len == 3;
     const is_dense = std.mem.eql(u8, suite, "dense");
     const is_kv = std.mem.eql(u8, suite, "kv");
-    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm and !is_dense and !is_kv) {
-        say("usage: tf-cuda-test exl3-decode | dense | kv | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
+    const is_mla = std.mem.eql(u8, suite, "mla");
+    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm and !is_dense and !is_kv and !is_mla) {
+        say("usage: tf-cuda-test exl3-decode | dense | kv | mla | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
         return 2;
     }
     var options: NcclOptions = .{};
@@ -59,6 +63,10 @@ pub fn main(init: std.process.Init) u8 {
     } else if (is_kv) {
         kv.run(init.gpa, &gpu, &report) catch |err| {
             report.check(false, "kv aborted: {t}", .{err});
+        };
+    } else if (is_mla) {
+        mla.run(init.gpa, &gpu, &report) catch |err| {
+            report.check(false, "mla aborted: {t}", .{err});
         };
     } else if (is_nccl) {
         ncclSuite(init.gpa, &gpu, options, &report, &diag) catch |err| {

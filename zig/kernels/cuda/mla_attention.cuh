@@ -95,12 +95,6 @@ __device__ __forceinline__ void mla_store_pair(float* p, float x, float y) {
     }
 }
 
-template <int kDtype>
-__device__ __forceinline__ float2 mla_load_pair(const float* p) {
-    if constexpr (kDtype == tf::kKvFp8) return make_float2(p[0], p[2]);
-    return *reinterpret_cast<const float2*>(p);
-}
-
 template <bool kSpread, int kDtype>
 __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const float* __restrict__ q_lat, const void* __restrict__ cache,
                                               const int8_t* __restrict__ exps, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
@@ -126,8 +120,10 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     float* rescales = probs + kScoreFloats;
     float2* split_ml = reinterpret_cast<float2*>(rescales + 2 * kMlaHeads);
     const auto stage = [&](int c) { return mla_shared + (c % kStages) * Stages::kStageBytes; };
-    const int row = blockIdx.x;
-    if (row >= rows) return;
+    // Whole blocks run a row's every split: the last rows first, as a prompt's later rows have the
+    // longer contexts, so that the short ones fill the grid's last wave.
+    const int row = kSpread ? static_cast<int>(blockIdx.x) : rows - 1 - static_cast<int>(blockIdx.x);
+    if (row < 0 || row >= rows) return;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
@@ -167,47 +163,63 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
         }
 
-    // Whole: the splits fold into `out` itself (the block's own 16 heads), which costs a read and a
-    // write per split where registers for a second accumulator would spill.
+    // Whole: the splits fold in registers (o's tiles, a second time). Folding into `out` itself
+    // cost a global read and write per split, which prompt rows of at most 1024 positions (a tile
+    // per split) paid per tile.
     float folded_max_a = -INFINITY, folded_max_b = -INFINITY, folded_sum_a = 0.f, folded_sum_b = 0.f;
+    float fold[kMlaWarpTiles][4];
+#pragma unroll
+    for (int n = 0; n < kMlaWarpTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fold[n][i] = 0.f;  // zeros, as the combine starts
     float* out_a = out + (static_cast<size_t>(row) * heads + head_a) * kMlaLatent;
     float* out_b = out + (static_cast<size_t>(row) * heads + head_b) * kMlaLatent;
-    for (int split = split_first; split < split_end; ++split) {
-        const SplitRange range = split_range<kMlaTile, kMlaSplits>(count, split);
-        if (range.begin >= range.end) break;  // the splits after an empty one are empty too
-        const auto tile_start = [&](int c) { return range.begin + kMlaTile * c; };
-        // Lane l's cache element (row of the pool) of position l % 16 of tile c.
-        const auto element_of = [&](int c) -> size_t {
-            const int j = tile_start(c) + lane % kMlaTile;
-            if (j >= range.end) return 0;
-            const int p = sparse ? static_cast<int>(picks[j]) : j;
-            return (static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens;
-        };
-        size_t next_element = element_of(0);  // of the tile issued next
-        // fp8: the exponents of the tiles in flight, oldest first (constant indices: registers); lane l
-        // holds position l % 16's.
-        int tile_exps[kAhead] = {};
-        // Tile c into its stage: task i of thread x copies piece (x + 256i) % pieces of row
-        // (x + 256i) / pieces, so a warp's copies cover a row's consecutive bytes. A tile past the
-        // split is not copied: an empty group keeps the count, and the tile is neither scored nor read.
-        const auto issue = [&](int c, int slot) {
-            const int t0 = tile_start(c);
-            if (t0 >= range.end) {
-                asm volatile("cp.async.commit_group;\n" ::: "memory");
-                return;
-            }
-            unsigned char* to = stage(c);
-#pragma unroll
-            for (int i = 0; i < (kTasks + kMlaThreads - 1) / kMlaThreads; ++i) {
-                const int task = threadIdx.x + kMlaThreads * i;
-                const int j = task / Stages::kPieces, piece = task % Stages::kPieces;
-                const size_t element = __shfl_sync(0xFFFFFFFFu, next_element, j % kMlaTile);
-                if (task < kTasks) copy16_async(to + j * kPitch + 16 * piece, stored + element * Stages::kRowBytes + 16 * piece, t0 + j < range.end);
-            }
+    // The row's tiles in one stream through the ring of stages, across its splits: a prompt row of
+    // at most 1024 positions has splits of one tile, and a ring refilled at each split left every
+    // tile a memory latency (a GLM-4.7-Flash prompt chunk spent 39% of its time here). A split is
+    // `per` whole tiles, so a tile never straddles two; an iteration takes its split's next kStep
+    // tiles or fewer.
+    const int tiles = (count + kMlaTile - 1) / kMlaTile;
+    const int per = (tiles + kMlaSplits - 1) / kMlaSplits;  // split_range's
+    const int tile_begin = split_first * per;
+    const int tile_end = min(split_end * per, tiles);
+    // Lane l's cache element (row of the pool) of position l % 16 of tile c.
+    const auto element_of = [&](int c) -> size_t {
+        const int j = kMlaTile * c + lane % kMlaTile;
+        if (j >= count) return 0;
+        const int p = sparse ? static_cast<int>(picks[j]) : j;
+        return (static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens;
+    };
+    size_t next_element = element_of(tile_begin);  // of the tile issued next
+    // fp8: the exponents of the tiles in flight, oldest first (constant indices: registers); lane l
+    // holds position l % 16's.
+    int tile_exps[kAhead] = {};
+    // Tile c into its stage: task i of thread x copies piece (x + 256i) % pieces of row
+    // (x + 256i) / pieces, so a warp's copies cover a row's consecutive bytes. A tile past the
+    // block's last is not copied: an empty group keeps the count, and the tile is neither scored nor read.
+    const auto issue = [&](int c, int slot) {
+        const int t0 = kMlaTile * c;
+        if (c >= tile_end) {
             asm volatile("cp.async.commit_group;\n" ::: "memory");
-            if constexpr (kFp8) tile_exps[slot] = t0 + lane % kMlaTile < range.end ? exps[next_element] : 0;
-            if (tile_start(c + 1) < range.end) next_element = element_of(c + 1);
-        };
+            return;
+        }
+        unsigned char* to = stage(c);
+#pragma unroll
+        for (int i = 0; i < (kTasks + kMlaThreads - 1) / kMlaThreads; ++i) {
+            const int task = threadIdx.x + kMlaThreads * i;
+            const int j = task / Stages::kPieces, piece = task % Stages::kPieces;
+            const size_t element = __shfl_sync(0xFFFFFFFFu, next_element, j % kMlaTile);
+            if (task < kTasks) copy16_async(to + j * kPitch + 16 * piece, stored + element * Stages::kRowBytes + 16 * piece, t0 + j < count);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if constexpr (kFp8) tile_exps[slot] = t0 + lane % kMlaTile < count ? exps[next_element] : 0;
+        if (c + 1 < tile_end) next_element = element_of(c + 1);
+    };
+#pragma unroll
+    for (int c = 0; c < kAhead; ++c) issue(tile_begin + c, c);
+    for (int split = split_first, c = tile_begin; c < tile_end; ++split) {
+        const int split_tiles_end = min((split + 1) * per, tile_end);
+        const int range_end = min(kMlaTile * split_tiles_end, count);  // split_range's end
 
         float o[kMlaWarpTiles][4];
 #pragma unroll
@@ -217,26 +229,30 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         // The softmax's state of head threadIdx.x / 16: its running max (each of its 16 threads holds
         // it) and this thread's part of the running sum (added across the 16 at the split's end).
         float run_max = -INFINITY, run_sum = 0.f;
-#pragma unroll
-        for (int c = 0; c < kAhead; ++c) issue(c, c);
-        for (int c = 0; tile_start(c) < range.end; c += kStep) {
-            const int t0 = tile_start(c);
+        for (; c < split_tiles_end;) {
+            const int t0 = kMlaTile * c;
+            const int step = min(kStep, split_tiles_end - c);  // this iteration's tiles
             int current[kStep];  // fp8: the iteration's tiles' exponents
 #pragma unroll
             for (int u = 0; u < kStep; ++u) current[u] = tile_exps[u];
-#pragma unroll
-            for (int i = 0; i + kStep < kAhead; ++i) tile_exps[i] = tile_exps[i + kStep];
             asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2 * kStep) : "memory");
             __syncthreads();  // tiles c.. have landed, and every warp is done with the last iteration's
+            // As many tiles issued as this iteration takes (so kAhead stay in flight), each into the
+            // slot its exponent's ring frees.
 #pragma unroll
-            for (int u = 0; u < kStep; ++u) issue(c + kAhead + u, kAhead - kStep + u);
+            for (int u = 0; u < kStep; ++u) {
+                if (u >= step) break;
+#pragma unroll
+                for (int i = 0; i + 1 < kAhead; ++i) tile_exps[i] = tile_exps[i + 1];
+                issue(c + kAhead + u, kAhead - 1);
+            }
 
             // This warp's part of S over its steps, per tile: the query's high parts' products in s,
             // the low parts' in s_low (two chains of products where one would wait on the other).
             float s[kStep][2][4] = {}, s_low[kStep][2][4] = {};
 #pragma unroll
             for (int u = 0; u < kStep; ++u) {
-                if (t0 + kMlaTile * u >= range.end) break;
+                if (t0 + kMlaTile * u >= range_end) break;
                 const unsigned char* tile = stage(c + u);
                 if constexpr (kFp8) {
                     // Code pairs: matrix (positions 8n.., piece b) gives lane (g, t) position 8n + g,
@@ -322,7 +338,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 #pragma unroll
                     for (int w = 1; w < kMlaWarps; ++w) score[u] += parts[w * kScoreFloats + at];
                     if constexpr (kFp8) score[u] *= pow2f(current[u]);
-                    if (t0 + kMlaTile * u + p >= range.end) score[u] = -INFINITY;
+                    if (t0 + kMlaTile * u + p >= range_end) score[u] = -INFINITY;
                     tile_max = fmaxf(tile_max, score[u]);
                 }
 #pragma unroll
@@ -353,7 +369,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             }
 #pragma unroll
             for (int u = 0; u < kStep; ++u) {
-                if (t0 + kMlaTile * u >= range.end) break;
+                if (t0 + kMlaTile * u >= range_end) break;
                 const unsigned char* tile = stage(c + u);
                 uint32_t ph[4], pl[4];
 #pragma unroll
@@ -394,12 +410,12 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                         mma_pv_f16(o[2 * pair], o[2 * pair + 1], ph, pl, tile, kPitch, kMlaWarpDims * warp + 16 * pair, lane);
                 }
             }
+            c += step;
         }
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #pragma unroll
         for (int offset = kMlaTile / 2; offset > 0; offset /= 2) run_sum += __shfl_xor_sync(0xFFFFFFFFu, run_sum, offset);
         if (threadIdx.x % kMlaTile == 0) split_ml[threadIdx.x / kMlaTile] = make_float2(run_max, run_sum);
-        __syncthreads();  // the split's (max, sum) are out, and every warp is done with the stages
+        __syncthreads();  // the split's (max, sum) are out
         const float2 ml_a = split_ml[g], ml_b = split_ml[g + 8];
         const float max_a = ml_a.x, total_a = ml_a.y, max_b = ml_b.x, total_b = ml_b.y;
         if constexpr (kSpread) {
@@ -421,37 +437,24 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             const float xb = expf(folded_max_b - next_b), yb = expf(max_b - next_b);
             folded_sum_a = __fadd_rn(__fmul_rn(folded_sum_a, xa), __fmul_rn(total_a, ya));
             folded_sum_b = __fadd_rn(__fmul_rn(folded_sum_b, xb), __fmul_rn(total_b, yb));
-            const bool first = split == split_first;  // `out` holds no fold yet: zeros, as the combine starts
 #pragma unroll
             for (int n = 0; n < kMlaWarpTiles; ++n) {
-                const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
-                if (head_a < heads) {
-                    const float2 was = first ? make_float2(0.f, 0.f) : mla_load_pair<kDtype>(out_a + dim);
-                    mla_store_pair<kDtype>(out_a + dim, __fadd_rn(__fmul_rn(was.x, xa), __fmul_rn(o[n][0], ya)),
-                                           __fadd_rn(__fmul_rn(was.y, xa), __fmul_rn(o[n][1], ya)));
-                }
-                if (head_b < heads) {
-                    const float2 was = first ? make_float2(0.f, 0.f) : mla_load_pair<kDtype>(out_b + dim);
-                    mla_store_pair<kDtype>(out_b + dim, __fadd_rn(__fmul_rn(was.x, xb), __fmul_rn(o[n][2], yb)),
-                                           __fadd_rn(__fmul_rn(was.y, xb), __fmul_rn(o[n][3], yb)));
-                }
+                fold[n][0] = __fadd_rn(__fmul_rn(fold[n][0], xa), __fmul_rn(o[n][0], ya));
+                fold[n][1] = __fadd_rn(__fmul_rn(fold[n][1], xa), __fmul_rn(o[n][1], ya));
+                fold[n][2] = __fadd_rn(__fmul_rn(fold[n][2], xb), __fmul_rn(o[n][2], yb));
+                fold[n][3] = __fadd_rn(__fmul_rn(fold[n][3], xb), __fmul_rn(o[n][3], yb));
             }
             folded_max_a = next_a;
             folded_max_b = next_b;
         }
     }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the empty groups past the last tile
     if constexpr (!kSpread) {
 #pragma unroll
         for (int n = 0; n < kMlaWarpTiles; ++n) {
             const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
-            if (head_a < heads) {
-                const float2 v = mla_load_pair<kDtype>(out_a + dim);
-                mla_store_pair<kDtype>(out_a + dim, __fdiv_rn(v.x, folded_sum_a), __fdiv_rn(v.y, folded_sum_a));
-            }
-            if (head_b < heads) {
-                const float2 v = mla_load_pair<kDtype>(out_b + dim);
-                mla_store_pair<kDtype>(out_b + dim, __fdiv_rn(v.x, folded_sum_b), __fdiv_rn(v.y, folded_sum_b));
-            }
+            if (head_a < heads) mla_store_pair<kDtype>(out_a + dim, __fdiv_rn(fold[n][0], folded_sum_a), __fdiv_rn(fold[n][1], folded_sum_a));
+            if (head_b < heads) mla_store_pair<kDtype>(out_b + dim, __fdiv_rn(fold[n][2], folded_sum_b), __fdiv_rn(fold[n][3], folded_sum_b));
         }
     }
 }

@@ -13,6 +13,7 @@ const KvDtype = @import("../core/kv_store.zig").KvDtype;
 pub const Module = gpu_mod.Module(&.{
     "tf_mla_rope_store",    "tf_mla_absorb",              "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine", "tf_mla_v_up",
     "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8",
+    "tf_mla_head_rows",
 });
 
 /// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
@@ -23,6 +24,10 @@ pub const splits = 64;
 const heads_per_block = 16;
 const warps = 8;
 const product_rows = 8;
+/// kTileRows, kTileColumns of tf_mla_head_rows; from `tile_rows` rows a product takes it (the
+/// same bits as tf_mla_absorb / tf_mla_v_up, so the choice never shows in a row's numbers).
+const tile_rows = 64;
+const tile_columns = 64;
 /// tf_mla_attention's dynamic shared memory (MlaStages in mla_attention.cuh): tiles of 16 cache
 /// rows as stored (rows padded by 32 bytes for f32, 16 otherwise; two tiles of f32, four of f16,
 /// six of fp8), then the softmax's over an iteration's tiles (one of f32, two otherwise): the
@@ -125,6 +130,7 @@ pub const Kernels = struct {
     /// q_lat = q_nope · W_UK per head: a block per (head, 32 latent columns, 8 rows).
     pub fn absorb(k: Kernels, q: Ptr, wuk: Ptr, q_lat: Ptr, rows: usize, heads: usize, qk_dim: usize, nope_dim: usize) Error!void {
         std.debug.assert(nope_dim <= nope_max);
+        if (rows >= tile_rows) return k.headRows(q, wuk, q_lat, rows, heads, qk_dim, nope_dim, latent);
         var a = .{ q, wuk, q_lat, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(qk_dim)), @as(c_int, @intCast(nope_dim)) };
         try k.run("tf_mla_absorb", .{ @intCast(heads), latent / 32, count(rows, product_rows) }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
     }
@@ -158,7 +164,17 @@ pub const Kernels = struct {
 
     /// out (rows, heads·v) = the heads' latents through W_UV: a block per (head, 32 columns, 8 rows).
     pub fn vUp(k: Kernels, lat: Ptr, wuv_t: Ptr, out: Ptr, rows: usize, heads: usize, v_dim: usize) Error!void {
+        if (rows >= tile_rows) return k.headRows(lat, wuv_t, out, rows, heads, latent, latent, v_dim);
         var a = .{ lat, wuv_t, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(v_dim)) };
         try k.run("tf_mla_v_up", .{ @intCast(heads), count(v_dim, 32), count(rows, product_rows) }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
+    }
+
+    /// Either product for many rows (a prompt chunk): a block per (head, 64 columns, 64 rows),
+    /// x's (row, head) vectors `x_stride` floats apart, `kd` long, through the head's kd x n weight.
+    fn headRows(k: Kernels, x: Ptr, w: Ptr, out: Ptr, rows: usize, heads: usize, x_stride: usize, kd: usize, n: usize) Error!void {
+        var a = .{ x, w, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(x_stride)), @as(c_int, @intCast(kd)), @as(c_int, @intCast(n)) };
+        var ptrs: [a.len]?*anyopaque = undefined;
+        inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
+        try k.run("tf_mla_head_rows", .{ @intCast(heads), count(n, tile_columns), count(rows, tile_rows) }, 256, ptrs);
     }
 };
