@@ -5,6 +5,8 @@
 //!     GLM-4.7-Flash's 20 heads and GLM-5's 64, M = 1 and 4 rows each its own sequence, a block
 //!     per (row, 16 heads) ("whole") or per split then the fold ("spread", what decode steps run);
 //!     the cache bytes each row reads per second against the copy bandwidth.
+//!   - a prompt chunk ("prompt"): 1024 rows of one sequence ending at the context, whole blocks,
+//!     as a prefill step runs them (every row reads its own positions: the bytes are their sum).
 //!   - GLM-5 with its DSA selection of 2048 positions ("sparse"): the attention then reads 2048
 //!     positions whatever the context.
 //!   - indexer: GLM-5's scores (32 heads x 128) and top-2048 for one row at 8k/32k/128k positions,
@@ -25,13 +27,14 @@ const randomBuffer = bench_time.randomBuffer;
 
 const page_tokens = 16;
 const rows_max = 4;
+const prompt_rows = 1024;
 const topk = 2048;
 const index_heads = 32;
 const contexts = [_]usize{ 2048, 8192, 32768 };
 const index_contexts = [_]usize{ 8192, 32768, 131072 };
 const shapes = [_]struct { name: []const u8, heads: usize }{ .{ .name = "GLM-4.7-Flash", .heads = 20 }, .{ .name = "GLM-5", .heads = 64 } };
 
-const Mode = enum { whole, spread, sparse };
+const Mode = enum { whole, spread, sparse, prompt };
 
 pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnostic) !void {
     var module = try M.load(gpu, diag);
@@ -50,19 +53,19 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
     b.exps = try gpu.alloc(pages * page_tokens, diag);
     defer gpu.free(b.exps);
     try gpu.zero(b.exps, pages * page_tokens, diag);
-    b.q = try randomBuffer(gpa, gpu, rows_max * 64 * 256, diag);
+    b.q = try randomBuffer(gpa, gpu, prompt_rows * 64 * 256, diag);
     defer gpu.free(b.q);
-    b.q_lat = try randomBuffer(gpa, gpu, rows_max * 64 * M.latent, diag);
+    b.q_lat = try randomBuffer(gpa, gpu, prompt_rows * 64 * M.latent, diag);
     defer gpu.free(b.q_lat);
-    b.out = try gpu.alloc(rows_max * 64 * M.latent * 4, diag);
+    b.out = try gpu.alloc(prompt_rows * 64 * M.latent * 4, diag);
     defer gpu.free(b.out);
     const parts = M.Parts.floats(rows_max, 64);
     b.parts = .{ .acc = try gpu.alloc(parts.acc * 4, diag), .ml = try gpu.alloc(parts.ml * 4, diag) };
     defer gpu.free(b.parts.acc);
     defer gpu.free(b.parts.ml);
-    b.positions = try gpu.alloc(rows_max * 4, diag);
+    b.positions = try gpu.alloc(prompt_rows * 4, diag);
     defer gpu.free(b.positions);
-    b.table_offsets = try gpu.alloc(rows_max * 4, diag);
+    b.table_offsets = try gpu.alloc(prompt_rows * 4, diag);
     defer gpu.free(b.table_offsets);
     b.tables = try gpu.alloc(pages * 4, diag);
     defer gpu.free(b.tables);
@@ -94,6 +97,7 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
         }
     }
     for (contexts) |context| for (dtypes) |dtype| try b.attention(gpa, gpu, &module, "GLM-5", 64, 1, context, .sparse, dtype, copy_gbs, diag);
+    for (shapes) |shape| for (contexts) |context| for (dtypes) |dtype| try b.attention(gpa, gpu, &module, shape.name, shape.heads, prompt_rows, context, .prompt, dtype, copy_gbs, diag);
     say("\nDSA indexer of one GLM-5 layer ({d} heads x {d}, top-{d}), one row\n", .{ index_heads, D.head_dim, topk });
     say("{s:<8} {s:>10} {s:>12} {s:>9} {s:>8}\n", .{ "context", "us/layer", "keys MB", "GB/s", "% copy" });
     for (index_contexts) |context| try b.indexer(gpu, &dsa_module, context, copy_gbs, diag);
@@ -117,19 +121,21 @@ const Buffers = struct {
     scores: Ptr,
     index_cache: Ptr,
 
-    fn setRows(b: *const Buffers, gpu: *cuda.Gpu, rows: usize, context: usize, diag: *Diagnostic) !void {
-        var positions: [rows_max]u32 = undefined;
-        var offsets: [rows_max]u32 = undefined;
+    /// Rows each their own sequence at the context's last position; or (chunk) one sequence's
+    /// last `rows` positions, one page table.
+    fn setRows(b: *const Buffers, gpu: *cuda.Gpu, rows: usize, context: usize, chunk: bool, diag: *Diagnostic) !void {
+        var positions: [prompt_rows]u32 = undefined;
+        var offsets: [prompt_rows]u32 = undefined;
         for (0..rows) |r| {
-            positions[r] = @intCast(context - 1);
-            offsets[r] = @intCast(r * context / page_tokens);
+            positions[r] = @intCast(if (chunk) context - rows + r else context - 1);
+            offsets[r] = if (chunk) 0 else @intCast(r * context / page_tokens);
         }
         try gpu.upload(b.positions, std.mem.sliceAsBytes(positions[0..rows]), diag);
         try gpu.upload(b.table_offsets, std.mem.sliceAsBytes(offsets[0..rows]), diag);
     }
 
     fn attention(b: *const Buffers, gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const M.Module, name: []const u8, heads: usize, rows: usize, context: usize, mode: Mode, dtype: tf.core.KvDtype, copy_gbs: f64, diag: *Diagnostic) !void {
-        try b.setRows(gpu, rows, context, diag);
+        try b.setRows(gpu, rows, context, mode == .prompt, diag);
         var selection: M.Selection = .{};
         var read = context;
         if (mode == .sparse) {
@@ -146,21 +152,23 @@ const Buffers = struct {
         }
         const paged: M.Paged = .{ .cache = if (dtype == .f32) b.cache else b.narrow_cache, .dtype = dtype, .exps = b.exps, .positions = b.positions, .tables = b.tables, .table_offsets = b.table_offsets, .rows = rows, .layers = 1, .layer = 0, .page_tokens = page_tokens };
         const k: M.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
-        const parts: ?M.Parts = if (mode == .whole) null else b.parts;
+        const parts: ?M.Parts = if (mode == .whole or mode == .prompt) null else b.parts;
         const launch = struct {
             fn call(kk: M.Kernels, bb: *const Buffers, p: M.Paged, s: M.Selection, ps: ?M.Parts, h: usize) !void {
                 try kk.attention(bb.q, bb.q_lat, bb.out, p, s, ps, h, 256, 192, 0.0625);
             }
         }.call;
-        const median = try timeMedian(gpu, 20, launch, .{ k, b, paged, selection, parts, heads }, diag);
+        const median = try timeMedian(gpu, if (mode == .prompt) 3 else 20, launch, .{ k, b, paged, selection, parts, heads }, diag);
         const row_bytes = (M.latent + M.rope) * dtype.bytes() + @as(usize, if (dtype == .fp8) 1 else 0);
-        const mb = @as(f64, @floatFromInt(rows * read * row_bytes)) / 1e6;
+        // A chunk's rows read positions context - rows + 1 .. context: rows x (context - (rows - 1) / 2).
+        const positions_read = if (mode == .prompt) rows * context - rows * (rows - 1) / 2 else rows * read;
+        const mb = @as(f64, @floatFromInt(positions_read * row_bytes)) / 1e6;
         const gbs = mb / median * 1e6 / 1e3;
         say("{s:<14} {s:<7} {s:<4} {d:>3} {d:>8} {d:>10.1} {d:>12.1} {d:>9.0} {d:>7.1}%\n", .{ name, @tagName(mode), dtype.name(), rows, context, median, mb, gbs, 100 * gbs / copy_gbs });
     }
 
     fn indexer(b: *const Buffers, gpu: *cuda.Gpu, module: *const D.Module, context: usize, copy_gbs: f64, diag: *Diagnostic) !void {
-        try b.setRows(gpu, 1, context, diag);
+        try b.setRows(gpu, 1, context, false, diag);
         const paged: M.Paged = .{ .cache = b.index_cache, .positions = b.positions, .tables = b.tables, .table_offsets = b.table_offsets, .rows = 1, .layers = 1, .layer = 0, .page_tokens = page_tokens };
         const k: D.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
         const selection: M.Selection = .{ .selected = b.selected, .counts = b.counts, .topk = topk };

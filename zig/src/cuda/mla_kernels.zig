@@ -11,9 +11,8 @@ const Error = gpu_mod.Error;
 const KvDtype = @import("../core/kv_store.zig").KvDtype;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_mla_rope_store",    "tf_mla_absorb",              "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine", "tf_mla_v_up",
-    "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8",
-    "tf_mla_head_rows",
+    "tf_mla_rope_store",    "tf_mla_absorb",              "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine",   "tf_mla_v_up",
+    "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8", "tf_mla_head_rows",
 });
 
 /// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
