@@ -286,9 +286,9 @@ extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(c
         const uint32_t *__restrict__ positions, const uint32_t *__restrict__ tables, const uint32_t *__restrict__ table_offsets, \
         const uint32_t *__restrict__ selected, const uint32_t *__restrict__ counts, int topk, float *__restrict__ out,             \
         float *__restrict__ part_acc, float *__restrict__ part_ml, int rows, int heads, int qk_dim, int nope_dim, float scale,    \
-        int layers, int layer, int page_tokens
+        int layers, int layer, int page_tokens, int pack
 #define TF_MLA_ATTENTION_PASS \
-    q, q_lat, cache, exps, positions, tables, table_offsets, selected, counts, topk, out, part_acc, part_ml, rows, heads, qk_dim, nope_dim, scale, layers, layer, page_tokens
+    q, q_lat, cache, exps, positions, tables, table_offsets, selected, counts, topk, out, part_acc, part_ml, rows, heads, qk_dim, nope_dim, scale, layers, layer, page_tokens, pack
 
 // One block per SM on every arch (84 KB of shared memory fills sm_12x's 99 KB), so each entry
 // takes the registers of a single block (ptxas otherwise caps some of them at 128 and spills).
@@ -300,13 +300,17 @@ extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(c
         mla_attention<spread, dtype>(TF_MLA_ATTENTION_PASS);                                    \
     }
 
-// Grid (rows, heads / 16, 1 or kMlaSplits); block kMlaThreads; dynamic shared memory
+// Grid (rows, heads / 16 rounded up, 1 or kMlaSplits); block kMlaThreads; dynamic shared memory
 // MlaStages<dtype>::kSharedBytes. Named by the cache's dtype (none: f32; fp8 takes its rows'
-// exponents in `exps`). Every split in the block, folded there: prompt rows (and steps with many rows).
+// exponents in `exps`). Every split in the block, folded there: prompt rows (and steps with many
+// rows); with pack > 1 (heads % 16 == 16 / pack, the positions of every row, no DSA selection)
+// the grid's last head group packs `pack` rows x 16 / pack heads a block where the rows share
+// their tiles (a group's first row's block; the others return), else a row's own heads.
 TF_MLA_ENTRY(tf_mla_attention, false, tf::kKvF32)
 TF_MLA_ENTRY(tf_mla_attention_f16, false, tf::kKvF16)
 TF_MLA_ENTRY(tf_mla_attention_fp8, false, tf::kKvFp8)
-// A block per split (gridDim.z == kMlaSplits), partials for tf_mla_combine: a decode step's rows.
+// A block per split (gridDim.z == kMlaSplits), partials for tf_mla_combine: a decode step's rows
+// (pack 1).
 TF_MLA_ENTRY(tf_mla_attention_split, true, tf::kKvF32)
 TF_MLA_ENTRY(tf_mla_attention_split_f16, true, tf::kKvF16)
 TF_MLA_ENTRY(tf_mla_attention_split_fp8, true, tf::kKvFp8)

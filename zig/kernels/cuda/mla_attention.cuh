@@ -101,7 +101,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                                               const uint32_t* __restrict__ table_offsets, const uint32_t* __restrict__ selected,
                                               const uint32_t* __restrict__ counts, int topk, float* __restrict__ out,
                                               float* __restrict__ part_acc, float* __restrict__ part_ml, int rows, int heads, int qk_dim,
-                                              int nope_dim, float scale, int layers, int layer, int page_tokens) {
+                                              int nope_dim, float scale, int layers, int layer, int page_tokens, int pack) {
     using namespace tf;
     using Stages = MlaStages<kDtype>;
     constexpr bool kF32 = kDtype == kKvF32, kFp8 = kDtype == kKvFp8;
@@ -120,19 +120,54 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     float* rescales = probs + kScoreFloats;
     float2* split_ml = reinterpret_cast<float2*>(rescales + 2 * kMlaHeads);
     const auto stage = [&](int c) { return mla_shared + (c % kStages) * Stages::kStageBytes; };
-    // Whole blocks run a row's every split: the last rows first, as a prompt's later rows have the
-    // longer contexts, so that the short ones fill the grid's last wave.
-    const int row = kSpread ? static_cast<int>(blockIdx.x) : rows - 1 - static_cast<int>(blockIdx.x);
-    if (row < 0 || row >= rows) return;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
-    const int head_a = blockIdx.y * kMlaHeads + g, head_b = head_a + 8;  // this lane's two mma rows
+    // The block's 16 mma rows ("slots"): 16 heads of one row; or, packed (whole blocks, pack > 1,
+    // the grid's last head group: heads past the last whole 16, GLM-4.7-Flash's 20 left 4 heads in
+    // a block of 16 slots), `pack` rows x 16 / pack heads, the rows sharing their tiles. Whole
+    // blocks run a row's every split, the last rows first: a prompt's later rows have the longer
+    // contexts, so the short ones fill the grid's last wave.
+    const bool packed = !kSpread && pack > 1 && blockIdx.y + 1 == gridDim.y;
+    const int index = kSpread ? static_cast<int>(blockIdx.x) : rows - 1 - static_cast<int>(blockIdx.x);  // the block's row
+    if (index < 0 || index >= rows) return;
+    const int slot_heads = packed ? kMlaHeads / pack : kMlaHeads;
+    const int row0 = packed ? index / pack * pack : index;
+    // Packed rows share their tiles where they are one sequence's positions in one 16-position
+    // tile (the same tiles, splits and pages: only the last tile's mask differs), and the group's
+    // first row's block runs them all; else each row's block runs its own slots.
+    bool together = true;
+    if (packed)
+        for (int i = 1; i < pack; ++i) {
+            const int r = row0 + i;
+            together = together && r < rows && table_offsets[r] == table_offsets[row0] && positions[r] / kMlaTile == positions[row0] / kMlaTile;
+        }
+    if (packed && together && index != row0) return;
+    const int row = together ? row0 : index;  // whose table and tiles the block runs
+    const int head_base = packed ? heads / kMlaHeads * kMlaHeads : static_cast<int>(blockIdx.y) * kMlaHeads;
+    const auto slot_row = [&](int m) { return packed ? row0 + m / slot_heads : row0; };
+    const auto slot_head = [&](int m) { return head_base + (packed ? m % slot_heads : m); };
+    const int head_a = slot_head(g), head_b = slot_head(g + 8);  // this lane's two mma rows
+    const int row_a = slot_row(g), row_b = slot_row(g + 8);
+    const int row_h = slot_row(threadIdx.x / kMlaTile);  // the softmax's slot
     const bool sparse = selected != nullptr;
-    const int count = sparse ? static_cast<int>(counts[row]) : static_cast<int>(positions[row]) + 1;
-    const uint32_t* picks = sparse ? selected + static_cast<size_t>(row) * topk : nullptr;
     const int split_first = kSpread ? blockIdx.z : 0;
     const int split_end = kSpread ? blockIdx.z + 1 : kMlaSplits;
+    const unsigned char* stored = static_cast<const unsigned char*>(cache);
+    int count = sparse ? static_cast<int>(counts[row]) : static_cast<int>(positions[row]) + 1;
+    if (packed)
+        if (together)
+            for (int i = 1; i < pack; ++i) count = max(count, static_cast<int>(positions[row0 + i]) + 1);
+    // A slot runs in this block: its head exists and, packed, its row is the block's (or together).
+    const auto live = [&](int m) {
+        if (slot_head(m) >= heads) return false;
+        if (packed) return slot_row(m) < rows && (together || slot_row(m) == row);
+        return true;
+    };
+    const bool live_a = live(g), live_b = live(g + 8);
+    // The softmax slot's own count (its row's last position masks the shared last tile).
+    const int count_h = packed && live(threadIdx.x / kMlaTile) ? static_cast<int>(positions[row_h]) + 1 : count;
+    const uint32_t* picks = sparse ? selected + static_cast<size_t>(row) * topk : nullptr;
     if (count == 0) {  // an empty pooled selection (no tail): transformers' SDPA attends to nothing, 0
         if (!kSpread)
             for (int i = threadIdx.x; i < kMlaHeads * kMlaLatent; i += blockDim.x) {
@@ -143,7 +178,6 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     }
     if (split_range<kMlaTile, kMlaSplits>(count, split_first).begin >= count) return;  // an empty split: the combine skips it
     const uint32_t* table = tables + table_offsets[row];
-    const unsigned char* stored = static_cast<const unsigned char*>(cache);
 
     // The query, scaled, as A fragments of this warp's steps: steps 0..3 its latent dims 64w + 16k ..,
     // step 4 its rope dims (w < 4); register r holds head g (r even) or g + 8 (r odd) at dims
@@ -155,11 +189,12 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         for (int r = 0; r < 4; ++r) {
             if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
             const int h = r % 2 == 0 ? head_a : head_b;
+            const int q_row = r % 2 == 0 ? row_a : row_b;
             const int dim = (k < kMlaLatentSteps ? kMlaWarpDims * warp + 16 * k : 16 * warp) + (kFp8 ? 4 * t + 2 * (r / 2) : 2 * t + 8 * (r / 2));
             float2 v = make_float2(0.f, 0.f);
-            if (h < heads && (k < kMlaLatentSteps || qk_dim > nope_dim))  // NoPE: no rope part
-                v = k < kMlaLatentSteps ? *reinterpret_cast<const float2*>(q_lat + (static_cast<size_t>(row) * heads + h) * kMlaLatent + dim)
-                                          : *reinterpret_cast<const float2*>(q + (static_cast<size_t>(row) * heads + h) * qk_dim + nope_dim + dim);
+            if ((r % 2 == 0 ? live_a : live_b) && (k < kMlaLatentSteps || qk_dim > nope_dim))  // NoPE: no rope part
+                v = k < kMlaLatentSteps ? *reinterpret_cast<const float2*>(q_lat + (static_cast<size_t>(q_row) * heads + h) * kMlaLatent + dim)
+                                          : *reinterpret_cast<const float2*>(q + (static_cast<size_t>(q_row) * heads + h) * qk_dim + nope_dim + dim);
             split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
         }
 
@@ -172,8 +207,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     for (int n = 0; n < kMlaWarpTiles; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) fold[n][i] = 0.f;  // zeros, as the combine starts
-    float* out_a = out + (static_cast<size_t>(row) * heads + head_a) * kMlaLatent;
-    float* out_b = out + (static_cast<size_t>(row) * heads + head_b) * kMlaLatent;
+    float* out_a = out + (static_cast<size_t>(row_a) * heads + head_a) * kMlaLatent;
+    float* out_b = out + (static_cast<size_t>(row_b) * heads + head_b) * kMlaLatent;
     // The row's tiles in one stream through the ring of stages, across its splits: a prompt row of
     // at most 1024 positions has splits of one tile, and a ring refilled at each split left every
     // tile a memory latency (a GLM-4.7-Flash prompt chunk spent 39% of its time here). A split is
@@ -338,7 +373,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 #pragma unroll
                     for (int w = 1; w < kMlaWarps; ++w) score[u] += parts[w * kScoreFloats + at];
                     if constexpr (kFp8) score[u] *= pow2f(current[u]);
-                    if (t0 + kMlaTile * u + p >= range_end) score[u] = -INFINITY;
+                    // Past the split (an iteration of fewer tiles) or past the slot's row.
+                    if (u >= step || t0 + kMlaTile * u + p >= count_h) score[u] = -INFINITY;
                     tile_max = fmaxf(tile_max, score[u]);
                 }
 #pragma unroll
@@ -424,12 +460,12 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 #pragma unroll
             for (int n = 0; n < kMlaWarpTiles; ++n) {
                 const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
-                if (head_a < heads) mla_store_pair<kDtype>(part_acc + at_a * kMlaLatent + dim, o[n][0], o[n][1]);
-                if (head_b < heads) mla_store_pair<kDtype>(part_acc + at_b * kMlaLatent + dim, o[n][2], o[n][3]);
+                if (live_a) mla_store_pair<kDtype>(part_acc + at_a * kMlaLatent + dim, o[n][0], o[n][1]);
+                if (live_b) mla_store_pair<kDtype>(part_acc + at_b * kMlaLatent + dim, o[n][2], o[n][3]);
             }
             if (warp == 0 && t == 0) {
-                if (head_a < heads) *reinterpret_cast<float2*>(part_ml + 2 * at_a) = make_float2(max_a, total_a);
-                if (head_b < heads) *reinterpret_cast<float2*>(part_ml + 2 * at_b) = make_float2(max_b, total_b);
+                if (live_a) *reinterpret_cast<float2*>(part_ml + 2 * at_a) = make_float2(max_a, total_a);
+                if (live_b) *reinterpret_cast<float2*>(part_ml + 2 * at_b) = make_float2(max_b, total_b);
             }
         } else {
             const float next_a = fmaxf(folded_max_a, max_a), next_b = fmaxf(folded_max_b, max_b);
@@ -453,8 +489,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
 #pragma unroll
         for (int n = 0; n < kMlaWarpTiles; ++n) {
             const int dim = mla_out_dim<kDtype>(warp, t, n, 0);
-            if (head_a < heads) mla_store_pair<kDtype>(out_a + dim, __fdiv_rn(fold[n][0], folded_sum_a), __fdiv_rn(fold[n][1], folded_sum_a));
-            if (head_b < heads) mla_store_pair<kDtype>(out_b + dim, __fdiv_rn(fold[n][2], folded_sum_b), __fdiv_rn(fold[n][3], folded_sum_b));
+            if (live_a) mla_store_pair<kDtype>(out_a + dim, __fdiv_rn(fold[n][0], folded_sum_a), __fdiv_rn(fold[n][1], folded_sum_a));
+            if (live_b) mla_store_pair<kDtype>(out_b + dim, __fdiv_rn(fold[n][2], folded_sum_b), __fdiv_rn(fold[n][3], folded_sum_b));
         }
     }
 }

@@ -61,6 +61,21 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     return module;
 }
 
+/// Rows per packed block for the heads past the last whole 16: as many as fill its 16 slots when
+/// the leftover divides 16 (GLM-4.7-Flash's 20 heads: 4 rows of 4), else 1 (no packing).
+pub fn packRows(heads: usize) usize {
+    const left = heads % heads_per_block;
+    return if (left != 0 and heads_per_block % left == 0) heads_per_block / left else 1;
+}
+
+test packRows {
+    try std.testing.expectEqual(@as(usize, 4), packRows(20));
+    try std.testing.expectEqual(@as(usize, 4), packRows(4));
+    try std.testing.expectEqual(@as(usize, 1), packRows(64));
+    try std.testing.expectEqual(@as(usize, 1), packRows(22)); // 6 does not divide 16
+    try std.testing.expectEqual(@as(usize, 16), packRows(17));
+}
+
 /// The attention entries' names end in the cache's dtype (none for f32).
 fn suffix(comptime dtype: KvDtype) []const u8 {
     return if (dtype == .f32) "" else "_" ++ @tagName(dtype);
@@ -136,15 +151,19 @@ pub const Kernels = struct {
 
     /// The attention over the latent cache into `out` (rows, heads, latent). With `parts`, a block
     /// per (row, 16 heads, split) and tf_mla_combine folds the splits (the same bits as a block per
-    /// (row, 16 heads) running them all, which runs without).
+    /// (row, 16 heads) running them all, which runs without). Without, heads past the last whole 16
+    /// (GLM-4.7-Flash's last 4 of 20) take packed blocks of several rows where they fill 16 slots
+    /// (packRows) in the grid's last head group: the same bits again, a block's tiles serving every
+    /// row it holds (a group's first row's block runs it, the others return).
     pub fn attention(k: Kernels, q: Ptr, q_lat: Ptr, out: Ptr, p: Paged, s: Selection, parts: ?Parts, heads: usize, qk_dim: usize, nope_dim: usize, scale: f32) Error!void {
         const spread = parts orelse Parts{ .acc = 0, .ml = 0 };
+        const pack = if (parts == null and s.selected == 0) packRows(heads) else 1;
         var a = .{
             q,                                   q_lat,                          p.cache,    p.exps,                         p.positions,
             p.tables,                            p.table_offsets,                s.selected, s.counts,                       @as(c_int, @intCast(s.topk)),
             out,                                 spread.acc,                     spread.ml,  @as(c_int, @intCast(p.rows)),   @as(c_int, @intCast(heads)),
             @as(c_int, @intCast(qk_dim)),        @as(c_int, @intCast(nope_dim)), scale,      @as(c_int, @intCast(p.layers)), @as(c_int, @intCast(p.layer)),
-            @as(c_int, @intCast(p.page_tokens)),
+            @as(c_int, @intCast(p.page_tokens)), @as(c_int, @intCast(pack)),
         };
         var ptrs: [a.len]?*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);

@@ -225,9 +225,16 @@ pub fn uploadBatch(model: *GpuModel, batch: Batch, diag: *Diagnostic) Error!void
     model.step_positions = 0;
     for (batch.page_tables, 0..) |table, r| {
         model.step_positions += batch.positions[r] + 1;
-        model.host_offsets[r] = @intCast(at);
-        @memcpy(model.host_tables[at..][0..table.len], table);
-        at += table.len;
+        // A sequence's rows (one slice) share one copy of its table: the MLA attention's packed
+        // blocks take rows of one offset as one sequence's.
+        const previous = if (r > 0) batch.page_tables[r - 1] else &[_]u32{};
+        if (r > 0 and table.ptr == previous.ptr and table.len == previous.len) {
+            model.host_offsets[r] = model.host_offsets[r - 1];
+        } else {
+            model.host_offsets[r] = @intCast(at);
+            @memcpy(model.host_tables[at..][0..table.len], table);
+            at += table.len;
+        }
         rope.cosSin(c.rope, batch.positions[r], model.host_cos_sin[r * c.rotary_dim ..][0..c.rotary_dim]);
     }
     try model.gpu.upload(model.tokens, std.mem.sliceAsBytes(batch.tokens), diag);
