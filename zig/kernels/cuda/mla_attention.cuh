@@ -58,8 +58,9 @@ static_assert(kMlaLatent % (16 * kMlaWarps) == 0, "the warps split the dims even
 // tile's chain of syncs, shuffles and products then serves 32 positions) while the next kStep are
 // in flight (fp8's half-size rows: four); f32's tile is twice f16's, so it steps one tile at a
 // time with one in flight. The softmax's: the warps' parts of S (16 heads x 16·kStep positions,
-// rows padded by 8 floats: a half warp's pair stores land in distinct banks), the probabilities P
-// (the same shape), per head the tile's rescale and a split's (max, sum). All under sm_12x's 99 KB.
+// rows padded by 8 floats: a half warp's pair stores land in distinct banks), P's f16 high and low
+// parts (the same shape each, in the floats of one: ldmatrix's 8 rows in distinct banks), per head
+// the tile's rescale and a split's (max, sum). All under sm_12x's 99 KB.
 template <int kDtype>
 struct MlaStages {
     static constexpr int kRowBytes = kMlaWidth * (kDtype == tf::kKvF32 ? 4 : kDtype == tf::kKvF16 ? 2 : 1);
@@ -107,17 +108,19 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     constexpr bool kF32 = kDtype == kKvF32, kFp8 = kDtype == kKvFp8;
     constexpr int kStages = Stages::kStages;
     constexpr int kPitch = Stages::kPitch;
-    constexpr int kTasks = kMlaTile * Stages::kPieces;
     constexpr int kStep = Stages::kStep;
     constexpr int kAhead = kStages - kStep;  // tiles in flight as an iteration starts
     constexpr int kScorePitch = Stages::kScorePitch;
     constexpr int kScoreFloats = Stages::kScoreFloats;
     extern __shared__ __align__(16) unsigned char mla_shared[];
-    // parts[w·kScoreFloats + head·kScorePitch + position]: warp w's part of S; probs likewise P;
+    // parts[w·kScoreFloats + head·kScorePitch + position]: warp w's part of S; P's halves likewise;
     // then per head the tile's rescale and the split's (max, sum).
     float* parts = reinterpret_cast<float*>(mla_shared + kStages * Stages::kStageBytes);
-    float* probs = parts + kMlaWarps * kScoreFloats;
-    float* rescales = probs + kScoreFloats;
+    // P split once into f16 high and low parts (split_pair's values), the products' A fragments by
+    // ldmatrix, where every warp split all of P itself.
+    half* probs_high = reinterpret_cast<half*>(parts + kMlaWarps * kScoreFloats);
+    half* probs_low = probs_high + kScoreFloats;
+    float* rescales = parts + (kMlaWarps + 1) * kScoreFloats;
     float2* split_ml = reinterpret_cast<float2*>(rescales + 2 * kMlaHeads);
     const auto stage = [&](int c) { return mla_shared + (c % kStages) * Stages::kStageBytes; };
     const int warp = threadIdx.x / kWarp;
@@ -218,33 +221,45 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     const int per = (tiles + kMlaSplits - 1) / kMlaSplits;  // split_range's
     const int tile_begin = split_first * per;
     const int tile_end = min(split_end * per, tiles);
-    // Lane l's cache element (row of the pool) of position l % 16 of tile c.
-    const auto element_of = [&](int c) -> size_t {
+    // Lane l's cache element (row of the pool) of position l % 16 of tile c. A page of a power-of-two
+    // size (the engine's) is found by a shift: the division was a third of the copies' instructions.
+    const int page_shift = (page_tokens & (page_tokens - 1)) == 0 ? __ffs(page_tokens) - 1 : -1;
+    // 32 bits: a pool of 2^32 rows would be terabytes.
+    const auto element_of = [&](int c) -> uint32_t {
         const int j = kMlaTile * c + lane % kMlaTile;
         if (j >= count) return 0;
         const int p = sparse ? static_cast<int>(picks[j]) : j;
-        return (static_cast<size_t>(table[p / page_tokens]) * layers + layer) * page_tokens + p % page_tokens;
+        const int page = page_shift >= 0 ? p >> page_shift : p / page_tokens;
+        const int offset = page_shift >= 0 ? p & (page_tokens - 1) : p - page * page_tokens;
+        return (table[page] * static_cast<uint32_t>(layers) + static_cast<uint32_t>(layer)) * static_cast<uint32_t>(page_tokens) + static_cast<uint32_t>(offset);
     };
-    size_t next_element = element_of(tile_begin);  // of the tile issued next
+    uint32_t next_element = element_of(tile_begin);  // of the tile issued next
     // fp8: the exponents of the tiles in flight, oldest first (constant indices: registers); lane l
     // holds position l % 16's.
     int tile_exps[kAhead] = {};
-    // Tile c into its stage: task i of thread x copies piece (x + 256i) % pieces of row
-    // (x + 256i) / pieces, so a warp's copies cover a row's consecutive bytes. A tile past the
+    // Tile c into its stage: warp w copies rows 2w and 2w + 1, lane l their pieces l, l + 32, ..., so
+    // a row's address is one shuffle and each copy an add (a task per thread, its row shuffled and
+    // its shared address converted per copy, cost ~170 instructions a tile). A tile past the
     // block's last is not copied: an empty group keeps the count, and the tile is neither scored nor read.
+    static_assert(kMlaTile == 2 * kMlaWarps, "two rows of a tile per warp");
+    constexpr int kLanePieces = (Stages::kPieces + kWarp - 1) / kWarp;
+    const uint32_t lane_shared = shared_address(mla_shared) + 2 * warp * kPitch + 16 * lane;
     const auto issue = [&](int c, int slot) {
         const int t0 = kMlaTile * c;
         if (c >= tile_end) {
             asm volatile("cp.async.commit_group;\n" ::: "memory");
             return;
         }
-        unsigned char* to = stage(c);
+        const uint32_t to = lane_shared + (c % kStages) * Stages::kStageBytes;
 #pragma unroll
-        for (int i = 0; i < (kTasks + kMlaThreads - 1) / kMlaThreads; ++i) {
-            const int task = threadIdx.x + kMlaThreads * i;
-            const int j = task / Stages::kPieces, piece = task % Stages::kPieces;
-            const size_t element = __shfl_sync(0xFFFFFFFFu, next_element, j % kMlaTile);
-            if (task < kTasks) copy16_async(to + j * kPitch + 16 * piece, stored + element * Stages::kRowBytes + 16 * piece, t0 + j < count);
+        for (int r = 0; r < 2; ++r) {
+            const int j = 2 * warp + r;
+            const uint32_t element = __shfl_sync(0xFFFFFFFFu, next_element, j);
+            const unsigned char* from = stored + static_cast<size_t>(element) * Stages::kRowBytes + 16 * lane;
+            const int bytes = t0 + j < count ? 16 : 0;  // 0: zeros past the count
+#pragma unroll
+            for (int i = 0; i < kLanePieces; ++i)
+                if (kWarp * i + lane < Stages::kPieces) copy16_async_to(to + r * kPitch + 16 * kWarp * i, from + 16 * kWarp * i, bytes);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         if constexpr (kFp8) tile_exps[slot] = t0 + lane % kMlaTile < count ? exps[next_element] : 0;
@@ -386,7 +401,10 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                 for (int u = 0; u < kStep; ++u) {
                     const float prob = expf(score[u] - next);
                     run_sum += prob;
-                    probs[h * kScorePitch + kMlaTile * u + p] = prob;
+                    half high, low;
+                    split_half(prob, high, low);
+                    probs_high[h * kScorePitch + kMlaTile * u + p] = high;
+                    probs_low[h * kScorePitch + kMlaTile * u + p] = low;
                 }
                 run_max = next;
                 if (p == 0) rescales[h] = rescale;
@@ -407,12 +425,11 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             for (int u = 0; u < kStep; ++u) {
                 if (t0 + kMlaTile * u >= range_end) break;
                 const unsigned char* tile = stage(c + u);
+                // Register r: head g (r even) or g + 8, positions 2t, 2t + 1 (+8 for r >= 2).
                 uint32_t ph[4], pl[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {  // register r: head g (r even) or g + 8, positions 2t, 2t + 1 (+8 for r >= 2)
-                    const float2 pr = *reinterpret_cast<const float2*>(probs + (g + 8 * (r % 2)) * kScorePitch + kMlaTile * u + 2 * t + 8 * (r / 2));
-                    split_pair(pr.x, pr.y, ph[r], pl[r]);
-                }
+                const int p_at = (lane % 8 + 8 * ((lane / 8) % 2)) * kScorePitch + kMlaTile * u + 8 * (lane / 16);
+                ldmatrix_x4(ph, probs_high + p_at);
+                ldmatrix_x4(pl, probs_low + p_at);
                 if constexpr (kFp8) {
                     // ldmatrix.trans over code pairs, then mma_fp8_values with the positions' scales.
                     const unsigned char* lane_row = tile + (lane % kMlaTile) * kPitch + 16 * (lane / kMlaTile);

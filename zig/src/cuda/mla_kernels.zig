@@ -11,8 +11,9 @@ const Error = gpu_mod.Error;
 const KvDtype = @import("../core/kv_store.zig").KvDtype;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_mla_rope_store",    "tf_mla_absorb",              "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine",   "tf_mla_v_up",
-    "tf_mla_attention_f16", "tf_mla_attention_split_f16", "tf_mla_attention_fp8", "tf_mla_attention_split_fp8", "tf_mla_head_rows",
+    "tf_mla_rope_store",           "tf_mla_absorb",               "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine",   "tf_mla_v_up",
+    "tf_mla_attention_f16",        "tf_mla_attention_split_f16",  "tf_mla_attention_fp8", "tf_mla_attention_split_fp8", "tf_mla_head_rows", "tf_mla_attention_split2",
+    "tf_mla_attention_split2_f16", "tf_mla_attention_split2_fp8",
 });
 
 /// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
@@ -53,7 +54,7 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     errdefer module.unload(gpu);
     const attribute = driver.function_attribute_max_dynamic_shared_bytes;
     inline for (.{ .f32, .f16, .fp8 }) |dtype| {
-        inline for (.{ "tf_mla_attention", "tf_mla_attention_split" }) |entry| {
+        inline for (.{ "tf_mla_attention", "tf_mla_attention_split", "tf_mla_attention_split2" }) |entry| {
             const name = entry ++ comptime suffix(dtype);
             try gpu.driver.check(gpu.driver.api.cuFuncSetAttribute(module.function(name), attribute, @intCast(attentionSharedBytes(dtype))), "cuFuncSetAttribute(" ++ name ++ " shared memory)", diag);
         }
@@ -172,7 +173,12 @@ pub const Kernels = struct {
             inline else => |dtype| {
                 const shared = attentionSharedBytes(dtype);
                 if (parts == null) return k.runShared("tf_mla_attention" ++ comptime suffix(dtype), grid, 32 * warps, shared, ptrs);
-                try k.runShared("tf_mla_attention_split" ++ comptime suffix(dtype), grid, 32 * warps, shared, ptrs);
+                // More blocks than SMs: the form with two blocks per SM where the arch holds two
+                // (mla.cu); the same bits either way.
+                if (@as(usize, grid[0]) * grid[1] * grid[2] > k.gpu.multiprocessors)
+                    try k.runShared("tf_mla_attention_split2" ++ comptime suffix(dtype), grid, 32 * warps, shared, ptrs)
+                else
+                    try k.runShared("tf_mla_attention_split" ++ comptime suffix(dtype), grid, 32 * warps, shared, ptrs);
             },
         }
         // The fold: a block per (row, head, 128 dims).
