@@ -154,3 +154,15 @@ def write_model(path, config: dict, exl3_codebook: str | None = None, seed: int 
 def write_variant(path, model_type: str, variant: str, seed: int = 0):
     return write_model(path, variant_config(model_type, variant), exl3_codebook="mul1" if variant == "exl3" else None,
                        seed=seed)
+
+
+def write_gpu_shaped(path, model_type: str, seed: int = 0):
+    """A class B or C checkpoint at the CUDA MLA kernels' shapes (kv_lora_rank 512, a 64-dim rope
+    key, index heads of 128) with EXL3 attention, indexer-query and expert projections, whose
+    heads (64 + 64 q/k dims, 128 v dims) and 256-wide expert intermediates split into whole
+    128-channel EXL3 blocks at tensor parallelism 2."""
+    config = {**variant_config(model_type, "plain"), "kv_lora_rank": 512, "qk_nope_head_dim": 64,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 256}
+    if model_type == "glm_moe_dsa":
+        config.update(index_head_dim=128, index_topk=8)
+    return write_model(path, config, exl3_codebook="mul1", seed=seed)

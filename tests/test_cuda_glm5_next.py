@@ -88,14 +88,14 @@ def test_graphs_keep_the_bits(engines, monkeypatch):
     assert np.array_equal(np.array(recorded, dtype=np.float32).view(np.uint32), np.array(replayed, dtype=np.float32).view(np.uint32))
 
 
-def gpu_variant(path, variant: str):
+def gpu_variant(path, variant: str, **fields):
     """The variant at the CUDA kernels' shapes (kv_lora_rank 512, index and KDA head dims 128,
     hidden 128) with its MLP and expert projections as random 4-bit EXL3 layers (the GPU runs
-    EXL3 experts only); attention projections stay unquantized."""
+    EXL3 experts only); attention projections stay unquantized. `fields` override text_config."""
     config = variant_config(variant)
     t = config["text_config"]
-    t.update(hidden_size=128, intermediate_size=256, moe_intermediate_size=128, kv_lora_rank=512, index_head_dim=128,
-             linear_head_dim=128)
+    t.update({**dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128, kv_lora_rank=512,
+                     index_head_dim=128, linear_head_dim=128), **fields})
     t["linear_attn_config"] = {**t["linear_attn_config"], "head_dim": 128}
     write_model(path, config, FORMS.get(variant, "peer"), seed=3)
     file = path / "model.safetensors"

@@ -184,10 +184,6 @@ pub const Engine = struct {
         engine.tensor_parallel = null;
         engine.distributed_rank = null;
         if (master) |m| {
-            if (model.hyper.mult > 0 and p.backend == @backingInt(Backend.cuda)) {
-                diag.set("GLM-5.3-Flash has not been run tensor-parallel on GPUs yet: run its ranks on the cpu backend, or one GPU with tp 1", .{});
-                return error.InvalidArgument;
-            }
             if (p.tp_world < 2) {
                 diag.set("a tensor-parallel master needs tp_world >= 2", .{});
                 return error.InvalidArgument;

@@ -525,10 +525,7 @@ pub const GpuModel = struct {
     fn enqueue(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const c = model.config;
         const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
-        if (c.hyper.mult > 0) {
-            std.debug.assert(reduce == null); // tensor parallelism refuses the class
-            return hyper_cuda.enqueue(model, k, rows, wanted, diag);
-        }
+        if (c.hyper.mult > 0) return hyper_cuda.enqueue(model, k, rows, wanted, reduce, diag);
         model.at(null, .embed);
         try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
         // Each residual add is fused with the norm that follows it: the post-attention norm, the

@@ -182,20 +182,26 @@ fn shardKda(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Kd
         diag.set("tensor parallelism {d} would cut a 128-channel EXL3 block of KDA's q/k/v", .{world});
         return error.UnsupportedModel;
     }
-    var split: [3]Linear = undefined;
-    for (&split, 0..) |*part, i| {
-        const shifted: Range = .{ .begin = i * width + range.begin, .end = i * width + range.end };
-        part.* = switch (a.qkv) {
-            .fused => |*l| try cleanup.keep(try sliceLinear(gpa, l, .columns, shifted, true)),
-            .split => |*ls| try cleanup.keep(try sliceLinear(gpa, &ls[i], .columns, range, true)),
-        };
-    }
+    // A fused [q | k | v] stays one projection of this rank's heads of each part (the CUDA
+    // backend runs an EXL3 qkv fused only).
+    const qkv: @FieldType(Kda, "qkv") = switch (a.qkv) {
+        .fused => |*l| blk: {
+            var parts: [3]Range = undefined;
+            for (&parts, 0..) |*part, i| part.* = .{ .begin = i * width + range.begin, .end = i * width + range.end };
+            break :blk .{ .fused = try cleanup.keep(try sliceColumns(gpa, l, &parts)) };
+        },
+        .split => |*ls| blk: {
+            var split: [3]Linear = undefined;
+            for (&split, ls) |*part, *l| part.* = try cleanup.keep(try sliceLinear(gpa, l, .columns, range, true));
+            break :blk .{ .split = split };
+        },
+    };
     const taps = k.conv_kernel;
     const conv = try arena.alloc(f32, 3 * range.len() * taps);
     for (0..3) |i| @memcpy(conv[i * range.len() * taps ..][0 .. range.len() * taps], a.conv[(i * width + range.begin) * taps ..][0 .. range.len() * taps]);
     const heads = headRange(k.heads, 1, world, rank);
     return .{
-        .qkv = .{ .split = split },
+        .qkv = qkv,
         .conv = conv,
         .f_a = try cleanup.keep(try copyLinear(gpa, &a.f_a)),
         .f_b = try cleanup.keep(try sliceLinear(gpa, &a.f_b, .columns, range, true)),
@@ -242,6 +248,29 @@ fn sliceLinear(gpa: std.mem.Allocator, linear: *const Linear, axis: exl3.slice.A
                 if (axis == .columns or keep_bias) bias = try gpa.dupe(f32, source[row_offset..][0..out_features]);
             }
             return .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = weight, .bias = bias } } };
+        },
+    }
+}
+
+/// The output channels of `ranges`, in whole 128-channel units, side by side in one linear.
+fn sliceColumns(gpa: std.mem.Allocator, linear: *const Linear, ranges: []const Range) Error!Linear {
+    var out_features: usize = 0;
+    for (ranges) |range| out_features += logical(range, linear.out_features);
+    switch (linear.kind) {
+        .exl3 => |*layer| return .{ .in_features = linear.in_features, .out_features = out_features, .kind = .{ .exl3 = try exl3.slice.sliceRanges(gpa, layer, .columns, ranges, true) } },
+        .dense => |dense| {
+            const in = linear.in_features;
+            const weight = try gpa.alloc(f32, out_features * in);
+            errdefer gpa.free(weight);
+            const bias = if (dense.bias != null) try gpa.alloc(f32, out_features) else null;
+            var at: usize = 0;
+            for (ranges) |range| {
+                const n = logical(range, linear.out_features);
+                @memcpy(weight[at * in ..][0 .. n * in], dense.weight[range.begin * in ..][0 .. n * in]);
+                if (bias) |b| @memcpy(b[at..][0..n], dense.bias.?[range.begin..][0..n]);
+                at += n;
+            }
+            return .{ .in_features = in, .out_features = out_features, .kind = .{ .dense = .{ .weight = weight, .bias = bias } } };
         },
     }
 }

@@ -81,9 +81,10 @@ fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, norm: Ptr,
 }
 
 /// The whole forward of a hyper-connected model, queued on the stream (cuda_model.enqueue's
-/// counterpart); `sublayers` runs a layer's attention or FFN part into model.projected or
-/// model.ffn_out.
-pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, diag: *Diagnostic) Error!void {
+/// counterpart). With `reduce` the model is one rank's shard: a sublayer's partial output is summed
+/// across ranks before tf_hc_leave mixes it into the streams (the mix is linear in it), so every
+/// rank carries the same streams and computes the same maps.
+pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, reduce: ?GpuModel.Reduce, diag: *Diagnostic) Error!void {
     const c = model.config;
     const m = c.hyper.mult;
     const d = c.hidden_size;
@@ -98,11 +99,13 @@ pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, diag:
         model.at(layer, .attention);
         try model.attentionPart(k, block, layer, rows);
         model.at(layer, .norm);
+        if (reduce) |r| r.sum(r.context, model, model.projected, rows * d, diag) catch return error.CudaFailed;
         try hk.leave(model.hidden, model.maps, model.projected, rows, m, d);
         try enter(model, k, hk, sites.ffn, block.post_attention_norm, rows);
         model.at(layer, .ffn);
         try model.ffnPart(k, block, rows);
         model.at(layer, .norm);
+        if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * d, diag) catch return error.CudaFailed;
         try hk.leave(model.hidden, model.maps, model.ffn_out, rows, m, d);
     }
     if (wanted == 0) return;
