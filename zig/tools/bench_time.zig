@@ -75,3 +75,33 @@ pub fn randomSigns(gpa: std.mem.Allocator, gpu: *cuda.Gpu, count: usize, random:
     try gpu.upload(ptr, std.mem.sliceAsBytes(signs), diag);
     return ptr;
 }
+
+/// `copies` random EXL3 weights of k_p x n_p at `bits` (one sign vector for suh and svh, no bias)
+/// and their table of entries: enough copies that a graph's calls read DRAM, not L2.
+pub const Exl3Copies = struct {
+    words: Ptr,
+    signs: Ptr,
+    table: Ptr,
+
+    pub fn init(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k_p: usize, n_p: usize, bits: usize, copies: usize, seed: u64, diag: *Diagnostic) !Exl3Copies {
+        const weight_bytes = k_p * n_p * bits / 8;
+        var prng = std.Random.DefaultPrng.init(seed);
+        const words = try randomWords(gpa, gpu, copies * weight_bytes, prng.random(), diag);
+        errdefer gpu.free(words);
+        const signs = try randomSigns(gpa, gpu, @max(k_p, n_p), prng.random(), diag);
+        errdefer gpu.free(signs);
+        const entries = try gpa.alloc(cuda.glm_kernels.Exl3Layer, copies);
+        defer gpa.free(entries);
+        for (entries, 0..) |*entry, c| entry.* = .{ .words = words + c * weight_bytes, .suh = signs, .svh = signs, .bias = 0 };
+        const table = try gpu.alloc(copies * @sizeOf(cuda.glm_kernels.Exl3Layer), diag);
+        errdefer gpu.free(table);
+        try gpu.upload(table, std.mem.sliceAsBytes(entries), diag);
+        return .{ .words = words, .signs = signs, .table = table };
+    }
+
+    pub fn deinit(self: Exl3Copies, gpu: *cuda.Gpu) void {
+        gpu.free(self.table);
+        gpu.free(self.signs);
+        gpu.free(self.words);
+    }
+};

@@ -51,17 +51,9 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, shap
     const n_p = roundUp(shape.out_features);
     const weight_bytes = k_p * n_p * @as(usize, shape.bits) / 8;
     const copies: usize = @max(1, @min(calls, spread_bytes / weight_bytes + 1));
-    var prng = std.Random.DefaultPrng.init(weight_bytes);
-    const words = try bench_time.randomWords(gpa, gpu, copies * weight_bytes, prng.random(), diag);
-    defer gpu.free(words);
-    const signs_dev = try bench_time.randomSigns(gpa, gpu, @max(k_p, n_p), prng.random(), diag);
-    defer gpu.free(signs_dev);
-    const entries = try gpa.alloc(K.Exl3Layer, copies);
-    defer gpa.free(entries);
-    for (entries, 0..) |*entry, c| entry.* = .{ .words = words + c * weight_bytes, .suh = signs_dev, .svh = signs_dev, .bias = 0 };
-    const table = try gpu.alloc(copies * @sizeOf(K.Exl3Layer), diag);
-    defer gpu.free(table);
-    try gpu.upload(table, std.mem.sliceAsBytes(entries), diag);
+    const weights = try bench_time.Exl3Copies.init(gpa, gpu, k_p, n_p, @as(usize, shape.bits), copies, weight_bytes, diag);
+    defer weights.deinit(gpu);
+    const table = weights.table;
 
     const x = try bench_time.randomBuffer(gpa, gpu, m * shape.in_features, diag);
     defer gpu.free(x);

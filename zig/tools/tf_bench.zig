@@ -1,8 +1,8 @@
 //! tf-bench: this GPU's ceilings and the EXL3 expert kernels, as tables (a benchmark, not a test;
 //! docs/measurements.md records runs).
 //!
-//!   tf-bench [--quick] [--attention | --mla | --next | --linears]   (the ceilings and the
-//!                                     attention, MLA, GLM-5.3-Flash parts or single-linear table only)
+//!   tf-bench [--quick] [--attention | --mla | --next | --linears | --prompt-linears]   (the
+//!            ceilings and the attention, MLA, GLM-5.3-Flash parts or one single-linear table only)
 //!
 //! 1. Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written per second.
 //! 2. The mma.sync rate (m16n8k16, f16 and bf16 inputs, f32 accumulate).
@@ -21,7 +21,8 @@
 //! 4. Attention of one GLM-4.5-Air layer at contexts of 2k, 8k and 32k tokens (attention_bench.zig).
 //! --mla: MLA attention and the DSA indexer (mla_bench.zig); --next: GLM-5.3-Flash's KDA layer and
 //! hyper-connection site at full size (next_bench.zig); --linears: the step's single EXL3 linears
-//! (attention projections, dense MLP, lm_head) at M = 1, 4, 16 (linear_bench.zig).
+//! (attention projections, dense MLP, lm_head) at M = 1, 4, 16 (linear_bench.zig); --prompt-linears:
+//! the plain linears' prompt rows in each form of the prompt kernels (prompt_linear_bench.zig).
 //! The decode step of a whole model (tokens/s) is `python -m trellisforge.bench_engine`.
 const std = @import("std");
 const tf = @import("trellisforge");
@@ -37,6 +38,7 @@ const attention_bench = @import("attention_bench.zig");
 const mla_bench = @import("mla_bench.zig");
 const next_bench = @import("next_bench.zig");
 const linear_bench = @import("linear_bench.zig");
+const prompt_linear_bench = @import("prompt_linear_bench.zig");
 
 pub fn main(init: std.process.Init) u8 {
     const args = init.minimal.args.toSlice(init.arena.allocator()) catch return 2;
@@ -45,9 +47,10 @@ pub fn main(init: std.process.Init) u8 {
     var mla_only = false;
     var next_only = false;
     var linears_only = false;
+    var prompt_linears_only = false;
     for (args[1..]) |arg| {
-        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else if (std.mem.eql(u8, arg, "--next")) next_only = true else if (std.mem.eql(u8, arg, "--linears")) linears_only = true else {
-            say("usage: tf-bench [--quick] [--attention | --mla | --next | --linears]\n", .{});
+        if (std.mem.eql(u8, arg, "--quick")) quick = true else if (std.mem.eql(u8, arg, "--attention")) attention_only = true else if (std.mem.eql(u8, arg, "--mla")) mla_only = true else if (std.mem.eql(u8, arg, "--next")) next_only = true else if (std.mem.eql(u8, arg, "--linears")) linears_only = true else if (std.mem.eql(u8, arg, "--prompt-linears")) prompt_linears_only = true else {
+            say("usage: tf-bench [--quick] [--attention | --mla | --next | --linears | --prompt-linears]\n", .{});
             return 2;
         }
     }
@@ -58,15 +61,16 @@ pub fn main(init: std.process.Init) u8 {
     };
     defer gpu.close();
     say("device: {s}, sm_{d}, {d} SMs; kernels built for sm {s}\n", .{ gpu.name(), gpu.compute_capability, gpu.multiprocessors, cuda.kernels.sm_list });
-    run(init.gpa, &gpu, quick, .{ .attention = attention_only, .mla = mla_only, .next = next_only, .linears = linears_only }, &diag) catch |err| {
+    run(init.gpa, &gpu, quick, .{ .attention = attention_only, .mla = mla_only, .next = next_only, .linears = linears_only, .prompt_linears = prompt_linears_only }, &diag) catch |err| {
         say("tf-bench failed: {t}: {s}\n", .{ err, diag.message() });
         return 1;
     };
     return 0;
 }
 
-/// Which single table a run prints (none: every table but those of --mla, --next and --linears).
-const Only = struct { attention: bool, mla: bool, next: bool, linears: bool };
+/// Which single table a run prints (none: every table but those of --mla, --next, --linears and
+/// --prompt-linears).
+const Only = struct { attention: bool, mla: bool, next: bool, linears: bool, prompt_linears: bool };
 
 fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, only: Only, diag: *Diagnostic) !void {
     const copy_gbs = try copyBandwidth(gpu, diag);
@@ -77,9 +81,10 @@ fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, only: Only, diag: *D
     var module = try K.load(gpu, diag);
     defer module.unload(gpu);
     if (only.linears) return linear_bench.run(gpa, gpu, &module, copy_gbs, diag);
-    try mmaRate(gpu, diag);
     var prompt_module = try P.load(gpu, diag);
     defer prompt_module.unload(gpu);
+    if (only.prompt_linears) return prompt_linear_bench.run(gpa, gpu, &module, &prompt_module, copy_gbs, diag);
+    try mmaRate(gpu, diag);
     try attention_bench.run(gpa, gpu, &module, copy_gbs, quick, diag);
     if (only.attention) return;
     say("\nexperts of one GLM-4.5-Air MoE layer (128 x [4096 -> 1408 -> 4096], top-8 + 1 shared)\n", .{});

@@ -11,7 +11,8 @@
 //                           item's row of y (the routing weights and the sum over experts stay in
 //                           tf_moe_combine, in slot order)
 //
-// A plain linear is the rotate launch and the down launch. The number is the trellis rate K (none:
+// A plain linear is the rotate launch and the down launch, or tf_exl3_prompt_narrow{,3,2} (one
+// tile column a warp: twice the blocks, the same bits) where down's blocks would not fill the GPU. The number is the trellis rate K (none:
 // 4 bits); the codebook is a run-time switch around the whole body. Host side:
 // zig/src/cuda/exl3_prompt.zig.
 #include <cuda_fp16.h>
@@ -117,7 +118,11 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
     }
 }
 
-template <int K, int CB>
+// A block per (128·kCols output columns, group). kCols = 2: each warp takes two tile columns
+// (tf_exl3_prompt_down); 1: one (tf_exl3_prompt_narrow: twice the blocks, for a narrow weight or a
+// short chunk). The same chains either way, so the same bits: the host picks by the shape and the
+// chunk's rows (exl3_prompt.zig, LinearForm).
+template <int K, int CB, int kCols = 2>
 __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
                                           int n_p, int out_features, unsigned char* shared) {
     const int group = blockIdx.y;
@@ -127,16 +132,18 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
     const int first = g.first[group];
     const int rows = g.count[group];
     const Exl3Layer layer = table[g.layer[group]];
-    const int column = blockIdx.x * 2 * kPromptWarps + warp;
-    const bool second = (column + kPromptWarps) * 16 < n_p;
-    const uint32_t* const ring[2] = {tile_column(layer, column, 2 * K), second ? tile_column(layer, column + kPromptWarps, 2 * K) : nullptr};
-    tf::PromptAcc acc;
-    tf::prompt_matmul<K, CB, 1>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, reinterpret_cast<half*>(shared), acc);
+    const int column = blockIdx.x * kCols * kPromptWarps + warp;
+    const bool second = kCols == 2 && (column + kPromptWarps) * 16 < n_p;
+    const uint32_t* ring[kCols];
+    ring[0] = tile_column(layer, column, 2 * K);
+    if constexpr (kCols == 2) ring[1] = second ? tile_column(layer, column + kPromptWarps, 2 * K) : nullptr;
+    tf::PromptAccOf<kCols> acc;
+    tf::prompt_matmul<K, CB, 1, kCols>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, reinterpret_cast<half*>(shared), acc);
 
     float* staged = reinterpret_cast<float*>(shared);
     const int halves = second ? 2 : 1;
     for (int pass = 0; pass * kEpilogueRows < rows; ++pass) {
-        tf::stage_accumulators(acc, pass, staged);
+        tf::stage_accumulators<kCols>(acc, pass, staged);
         __syncthreads();
         for (int task = warp; task < kEpilogueRows * halves; task += kPromptWarps) {
             const int r = task / halves;
@@ -149,7 +156,7 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
             const int item = g.sorted_items[first + pass * kEpilogueRows + r];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int n = blockIdx.x * 256 + c * 128 + 4 * lane + i;
+                const int n = blockIdx.x * 128 * kCols + c * 128 + 4 * lane + i;
                 if (n >= out_features) continue;
                 float value = v[i] * half_bits(layer.svh, n);
                 if (layer.bias) value += layer.bias[n];
@@ -160,6 +167,12 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
     }
 }
 
+// tf_exl3_prompt_narrow{,3,2}: down_body with one tile column a warp.
+template <int K, int CB>
+__device__ __forceinline__ void narrow_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
+                                            int n_p, int out_features, unsigned char* shared) {
+    down_body<K, CB, 1>(table, g, in, y, n_p, out_features, shared);
+}
 }  // namespace
 
 // One warp per (slot, 128 input channels), 8 per block; block y = slot. Item `sorted_items[slot]`
@@ -226,21 +239,24 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
                          tf::RotatedPlanes{down_in, slots, n_p}, n_p, width, shared)                                            \
     }
 
-// Block (256 output columns, group).
-#define TF_PROMPT_DOWN(NAME, K)                                                                                                 \
+// Block (256 output columns, group): down_body; or (128 output columns, group): narrow_body.
+#define TF_PROMPT_OUT(NAME, K, BODY, SHARED)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                                  \
         const Exl3Layer* __restrict__ table, const int* __restrict__ sorted_items, const int* __restrict__ group_first,         \
         const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,          \
         half* rotated, float* __restrict__ y, int slots, int k_p, int n_p, int out_features, int codebook) {                    \
         tf_wait_prior_grid();                                                                                                   \
-        __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2)];                                              \
+        __shared__ __align__(16) unsigned char shared[SHARED];                                                                  \
         const Groups g{sorted_items, group_first, group_count, group_layer, group_total};                                       \
-        TF_PROMPT_SWITCH(down_body, K, table, g, tf::RotatedPlanes{rotated, slots, k_p}, y, n_p, out_features, shared)        \
+        TF_PROMPT_SWITCH(BODY, K, table, g, tf::RotatedPlanes{rotated, slots, k_p}, y, n_p, out_features, shared)              \
     }
 
 TF_PROMPT_GU(tf_exl3_prompt_gu, 4)
 TF_PROMPT_GU(tf_exl3_prompt_gu3, 3)
 TF_PROMPT_GU(tf_exl3_prompt_gu2, 2)
-TF_PROMPT_DOWN(tf_exl3_prompt_down, 4)
-TF_PROMPT_DOWN(tf_exl3_prompt_down3, 3)
-TF_PROMPT_DOWN(tf_exl3_prompt_down2, 2)
+TF_PROMPT_OUT(tf_exl3_prompt_down, 4, down_body, tf::prompt_shared_bytes(2))
+TF_PROMPT_OUT(tf_exl3_prompt_down3, 3, down_body, tf::prompt_shared_bytes(2))
+TF_PROMPT_OUT(tf_exl3_prompt_down2, 2, down_body, tf::prompt_shared_bytes(2))
+TF_PROMPT_OUT(tf_exl3_prompt_narrow, 4, narrow_body, tf::prompt_shared_bytes(1))
+TF_PROMPT_OUT(tf_exl3_prompt_narrow3, 3, narrow_body, tf::prompt_shared_bytes(1))
+TF_PROMPT_OUT(tf_exl3_prompt_narrow2, 2, narrow_body, tf::prompt_shared_bytes(1))

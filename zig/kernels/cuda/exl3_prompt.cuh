@@ -49,20 +49,25 @@ struct RotatedPlanes {
 };
 
 // acc[m][c][n][i]: row 16m + lane/4 (+8 for i >= 2), column 16·(tile column c) + 8n + 2(lane%4) + i%2.
-using PromptAcc = float[kPromptM][2][2][4];
+template <int kCols>
+using PromptAccOf = float[kPromptM][kCols][2][4];
+using PromptAcc = PromptAccOf<2>;
 
 // One warp's share of a group: tile columns `ring[0]` and `ring[1]` (ring[1] null: the block's
 // second half is past the layer's columns), each read against input operand `op_of[c]`. The group's
-// `rows` inputs start at slot `first` of `in`; `stage` is the block's shared pipeline.
-template <int K, int CB, int kOps>
-__device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], size_t row_stride, const RotatedPlanes& in, int first,
-                                              int rows, half* stage, PromptAcc& acc) {
+// `rows` inputs start at slot `first` of `in`; `stage` is the block's shared pipeline. kCols tile
+// columns a warp (1 or 2): every output is the same chain in the same order (k ascending, hi then
+// lo per tile) either way, so both give the same bits.
+template <int K, int CB, int kOps, int kCols = 2>
+__device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCols], size_t row_stride, const RotatedPlanes& in, int first,
+                                              int rows, half* stage, PromptAccOf<kCols>& acc) {
     static_assert(K >= 1 && K <= 4, "one ring word per lane");
+    static_assert(kCols == 1 || kCols == 2, "one or two tile columns a warp");
     constexpr int kRingWords = 8 * K;
     const int lane = threadIdx.x % 32;
     const int slabs = in.k_p / kPromptSlab;
     const LaneWindow<K> window(lane);
-    const bool second = ring[1] != nullptr;
+    const bool second = kCols == 2 && ring[kCols - 1] != nullptr;
     const auto stage_at = [&](int s, int op, int part, int row, int k) {
         return stage + (((s * kOps + op) * 2 + part) * kPromptRows + row) * kSlabPitch + k;
     };
@@ -81,31 +86,33 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], 
     };
     // Ring pointers stepped a slab at a time (a 64-bit row · stride product per load cost ~8
     // instructions).
-    const uint32_t* next_ring[2] = {ring[0] + lane, second ? ring[1] + lane : ring[0] + lane};
+    const uint32_t* next_ring[kCols];
+    next_ring[0] = ring[0] + lane;
+    if constexpr (kCols == 2) next_ring[1] = second ? ring[1] + lane : ring[0] + lane;
     const bool has_word = lane < kRingWords;
-    const auto load_words = [&](int slab, uint32_t (&words)[2][2]) {
+    const auto load_words = [&](int slab, uint32_t (&words)[2][kCols]) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
+            for (int c = 0; c < kCols; ++c) {
                 const bool live = slab < slabs && has_word && (c == 0 || second);
                 words[t][c] = live ? __ldg(next_ring[c] + t * row_stride) : 0u;
             }
 #pragma unroll
-        for (int c = 0; c < 2; ++c) next_ring[c] += 2 * row_stride;
+        for (int c = 0; c < kCols; ++c) next_ring[c] += 2 * row_stride;
     };
 
 #pragma unroll
     for (int m = 0; m < kPromptM; ++m)
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < kCols; ++c)
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[m][c][n][i] = 0.f;
 
     // Ring words two stages ahead (registers), inputs one stage ahead (cp.async).
-    uint32_t now[2][2], next[2][2], later[2][2];
+    uint32_t now[2][kCols], next[2][kCols], later[2][kCols];
     load_words(0, now);
     load_words(1, next);
     issue(0);
@@ -119,9 +126,9 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], 
         __syncthreads();
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            uint32_t b[2][2][2];
+            uint32_t b[kCols][2][2];
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
+            for (int c = 0; c < kCols; ++c) {
                 half w[8];
                 if (c == 0 || second) decode_lane<K, CB>(now[t][c], 0u, window, w);
                 else
@@ -141,7 +148,7 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], 
 #pragma unroll
                     for (int part = 0; part < 2; ++part) ldmatrix_x4(a[op][part], stage_at(slab & 1, op, part, 16 * m + a_row, 16 * t + a_k));
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
+                for (int c = 0; c < kCols; ++c) {
                     const int op = kOps == 2 ? c : 0;
 #pragma unroll
                     for (int n = 0; n < 2; ++n) {
@@ -155,7 +162,7 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], 
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
+            for (int c = 0; c < kCols; ++c) {
                 now[t][c] = next[t][c];
                 next[t][c] = later[t][c];
             }
@@ -165,14 +172,15 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[2], 
 
 // Stages rows 32·pass .. 32·pass + 31 of the accumulators as out[c][row][column] (column = 16·warp +
 // 8n + ...), for the epilogue's row-wise 128-point rotations. The caller syncs around it.
-__device__ __forceinline__ void stage_accumulators(const PromptAcc& acc, int pass, float* out) {
+template <int kCols = 2>
+__device__ __forceinline__ void stage_accumulators(const PromptAccOf<kCols>& acc, int pass, float* out) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int m = 0; m < kPromptM; ++m) {
         if (m / 2 != pass) continue;
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < kCols; ++c)
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll

@@ -14,8 +14,9 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_exl3_prompt_rotate", "tf_exl3_prompt_gu",    "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
-    "tf_exl3_prompt_down",   "tf_exl3_prompt_down3", "tf_exl3_prompt_down2",
+    "tf_exl3_prompt_rotate",  "tf_exl3_prompt_gu",      "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
+    "tf_exl3_prompt_down",    "tf_exl3_prompt_down3",   "tf_exl3_prompt_down2", "tf_exl3_prompt_narrow",
+    "tf_exl3_prompt_narrow3", "tf_exl3_prompt_narrow2",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -24,6 +25,40 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
 
 /// Items per group (kPromptRows in exl3_prompt.cuh): one decoded tile serves up to this many.
 pub const group_rows = 64;
+
+/// How a plain linear's prompt rows run; both give the same bits (every output the same chain in
+/// the same order), so the choice may follow the rows: `wide`, down's kernel, a block per 256
+/// columns and 64 rows (two tile columns a warp); `narrow`, a block per 128 columns (one a warp:
+/// twice the blocks, each with half the products per decoded input). The H200's table
+/// (docs/measurements.md, tf-bench --prompt-linears): narrow 1.3-1.4x faster where wide has at
+/// most 64 blocks, level at 80-128, up to 1.25x slower from 192; 128-row groups (each tile decoded
+/// once for twice the rows) were slower at every shape, so these kernels are bound by the products,
+/// not the decode. TF_CUDA_PROMPT_LINEAR=wide|narrow forces one (tests, benchmarks).
+pub const LinearForm = enum {
+    wide,
+    narrow,
+
+    fn columns(form: LinearForm) usize {
+        return if (form == .wide) 256 else 128;
+    }
+
+    /// Blocks of a launch over `items` rows of a weight of n_p columns.
+    pub fn blocks(form: LinearForm, n_p: usize, items: usize) usize {
+        return (std.math.divCeil(usize, n_p, form.columns()) catch unreachable) * (std.math.divCeil(usize, items, group_rows) catch unreachable);
+    }
+
+    /// The form for `items` rows of a weight of n_p columns on `multiprocessors` SMs: narrow while
+    /// wide's blocks would leave SMs idle.
+    pub fn choose(n_p: usize, items: usize, multiprocessors: usize) LinearForm {
+        return if (LinearForm.wide.blocks(n_p, items) < multiprocessors) .narrow else .wide;
+    }
+
+    /// TF_CUDA_PROMPT_LINEAR's form, or null (unset: the engine chooses).
+    pub fn forced() ?LinearForm {
+        const text = std.c.getenv("TF_CUDA_PROMPT_LINEAR") orelse return null;
+        return std.meta.stringToEnum(LinearForm, std.mem.span(text));
+    }
+};
 
 /// One EXL3 weight as the kernels see it.
 pub const Shape = struct {
@@ -131,6 +166,8 @@ pub const Mlp = struct {
 pub const Launcher = struct {
     glm: glm_kernels.Kernels,
     module: *const Module,
+    /// A plain linear's form for every call (LinearForm.forced()), or null: chosen per call.
+    linear_form: ?LinearForm = null,
 
     fn run(l: Launcher, comptime name: []const u8, grid: [3]u32, args: anytype) Error!void {
         var ptrs: [args.len]*anyopaque = undefined;
@@ -167,13 +204,26 @@ pub const Launcher = struct {
         try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups);
     }
 
-    /// A plain linear over the items: sort, rotate, down's kernel (with bias).
+    /// A plain linear over the items: sort, rotate, then down's kernel or the narrow one (with bias).
     pub fn runLinear(l: Launcher, s: Scratch, x: Ptr, items: usize, items_per_row: usize, layer_of_item: Ptr, table: Ptr, shape: Shape, in_features: usize, out_features: usize, y: Ptr) Error!void {
         std.debug.assert(items <= s.slots and ineligible(shape) == null);
-        try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, s.grouping);
+        const form = l.linear_form orelse LinearForm.choose(shape.n_p, items, l.glm.gpu.multiprocessors);
+        const g = s.grouping;
+        try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, g);
         try l.rotate(s, x, 0, items_per_row, table, 1, 0, layer_of_item, items, in_features, shape.k_p);
         l.glm.gpu.noteReads(shape.entryBytes());
-        try l.down(s, s.rotated, table, shape, out_features, y, items, @intCast(groupsMax(items, 1)));
+        const groups: u32 = @intCast(groupsMax(items, 1));
+        if (form == .wide) return l.down(s, s.rotated, table, shape, out_features, y, items, groups);
+        const args = .{
+            table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, s.rotated, y,
+            int(items), int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
+        };
+        const grid: [3]u32 = .{ @intCast(shape.n_p / 128), groups, 1 };
+        switch (shape.bits2) {
+            8 => try l.run("tf_exl3_prompt_narrow", grid, args),
+            6 => try l.run("tf_exl3_prompt_narrow3", grid, args),
+            else => try l.run("tf_exl3_prompt_narrow2", grid, args),
+        }
     }
 
     fn rotate(l: Launcher, s: Scratch, x: Ptr, up: Ptr, items_per_row: usize, table: Ptr, ops: usize, op_stride: usize, layer_of_item: Ptr, items: usize, in_features: usize, k_p: usize) Error!void {
@@ -199,6 +249,17 @@ pub const Launcher = struct {
         }
     }
 };
+
+test "a plain linear's form: narrow while wide's blocks leave SMs idle" {
+    const t = std.testing;
+    try t.expectEqual(@as(usize, 64), LinearForm.wide.blocks(4096, 256));
+    try t.expectEqual(@as(usize, 128), LinearForm.narrow.blocks(4096, 256));
+    try t.expectEqual(@as(usize, 20), LinearForm.wide.blocks(5120, 1)); // a partial group is a block
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(4096, 256, 132)); // GLM-4.5-Air o_proj
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 132));
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(12288, 256, 132)); // q_proj: 192 blocks
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(1024, 1024, 132)); // k_proj: 64 blocks
+}
 
 test "which weights the prompt kernels take" {
     const t = std.testing;

@@ -86,6 +86,8 @@ pub const GpuModel = struct {
     slots: usize,
     /// The switches (core.switches), read once: prompt kernels and the shared expert's merge.
     prompt_enabled: bool,
+    /// TF_CUDA_PROMPT_LINEAR's form for the plain linears' prompt rows, or null: chosen per call.
+    prompt_linear: ?P.LinearForm,
     /// Unquantized weights on the tensor cores (TF_CUDA_DENSE_MMA=0: a warp per output, f32), and
     /// the most split sums one of their launches leaves in model.acc.
     dense_mma: bool,
@@ -224,6 +226,7 @@ pub const GpuModel = struct {
         model.prompt_rows = 0;
         model.graphs_enabled = limits.graphs and !core.switches.off("TF_CUDA_GRAPHS");
         model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
+        model.prompt_linear = P.LinearForm.forced();
         model.dense_mma = !core.switches.off("TF_CUDA_DENSE_MMA");
         model.dense_partials = 0;
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");

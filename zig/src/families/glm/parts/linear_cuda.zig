@@ -210,7 +210,7 @@ pub fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Pt
 }
 
 pub fn launcher(model: *const GpuModel, k: K.Kernels) P.Launcher {
-    return .{ .glm = k, .module = &model.prompt_module };
+    return .{ .glm = k, .module = &model.prompt_module, .linear_form = model.prompt_linear };
 }
 
 /// The shape of anything with k_p, n_p, bits2 and codebook (a GroupedLinear, a GpuLinear's exl3).
