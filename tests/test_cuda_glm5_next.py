@@ -125,3 +125,37 @@ def test_gpu_variants_match_the_float64_reference(tmp_path, variant):
         assert not np.any((margins > 0) & (margins < 1e-5)), f"layer {layer}: a pool selection within 1e-5 of flipping"
     with trellisforge.Engine(model_dir, backend="cuda", max_seqs=2, rows_max=16, kv_dtype="f32") as engine:
         within(worst(engine.logits(tokens), expected), TOL_GPU, f"glm5_next {variant} on the GPU: worst of {len(tokens)} positions")
+
+
+def test_hyper_sites_fused_or_apart_give_the_same_bits(tmp_path, monkeypatch):
+    """A site's maps, collapse and norm in one launch (tf_hc_enter) and the MoE combine inside the
+    leave (tf_hc_leave_combined) give the bits of the launches they replace (TF_CUDA_HC_FUSED=0):
+    prompt logits over several chunks, and sampled tokens' log-probabilities through replayed
+    graphs; the timeline shows which launches ran."""
+    model_dir = gpu_variant(tmp_path / "base", "base")
+    tokens = prompt(json.loads((model_dir / "config.json").read_text()))
+
+    def run():
+        with trellisforge.Engine(model_dir, backend="cuda", max_seqs=2, rows_max=16, kv_dtype="f32") as engine:
+            logits = engine.logits(tokens)
+            engine.add(tokens, trellisforge.Sampling(max_tokens=8, temperature=0.8, seed=3), stop_token_ids=[])
+            logprobs, names, step = [], set(), 0
+            while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+                timed = step == len(tokens) // 16 + 2  # a decode step
+                if timed:
+                    engine.time_next_step()
+                logprobs += [e.logprob for e in engine.step()]
+                if timed:
+                    names = {e["name"] for e in engine.timeline()}
+                step += 1
+            assert engine.stats()["graph_replays"] > 0
+        return logits, np.array(logprobs, dtype=np.float32), names
+
+    fused_logits, fused_logprobs, fused_names = run()
+    monkeypatch.setenv("TF_CUDA_HC_FUSED", "0")
+    apart_logits, apart_logprobs, apart_names = run()
+    assert {"tf_hc_enter", "tf_hc_leave_combined"} <= fused_names and not {"tf_hc_maps", "tf_moe_combine"} & fused_names
+    assert {"tf_hc_maps", "tf_moe_combine"} <= apart_names and not {"tf_hc_enter", "tf_hc_leave_combined"} & apart_names
+    assert len(fused_logprobs) == 8
+    assert np.array_equal(fused_logits.view(np.uint32), apart_logits.view(np.uint32))
+    assert np.array_equal(fused_logprobs.view(np.uint32), apart_logprobs.view(np.uint32))

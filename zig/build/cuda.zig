@@ -88,6 +88,7 @@ const headers = [_][]const u8{
     "logits_summary.cuh",
     "mla_attention.cuh",
     "mma.cuh",
+    "moe_combine.cuh",
     "moe_route.cuh",
     "split_fold.cuh",
     "swiglu.cuh",

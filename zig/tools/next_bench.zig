@@ -121,27 +121,32 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, copy_gbs: f64, diag: *Diagnos
     const norm = try b.random(hidden, 1.0);
     const out = try b.random(rows_max * hidden, 0.01);
     const hk: H.Kernels = .{ .gpu = gpu, .module = &hyper, .diag = diag };
-    for (rows_list) |rows| {
+    for (rows_list) |rows| for ([_]bool{ false, true }) |fused| {
         var turn: usize = 0;
         const Site = struct {
-            fn call(kk: K.Kernels, hh: H.Kernels, t: *usize, mx: []const Ptr, base: Ptr, scale: Ptr, st: Ptr, rw: Ptr, mp: Ptr, nw: Ptr, nd: Ptr, o: Ptr, part: Ptr, r: usize) !void {
+            fn call(kk: K.Kernels, hh: H.Kernels, t: *usize, mx: []const Ptr, base: Ptr, scale: Ptr, st: Ptr, rw: Ptr, mp: Ptr, nw: Ptr, nd: Ptr, o: Ptr, part: Ptr, r: usize, one: bool) !void {
                 const c = t.* % copies;
                 t.* += 1;
                 const in = mult * hidden;
                 try kk.denseMma(.{ .x = st, .weight = mx[c], .half = false, .y = rw, .y_stride = mixes + 1, .partial = part, .rows = r, .in_features = in, .out_features = mixes, .squares = true, .reduce = false });
                 const splits = K.Kernels.denseSplits(in, mixes);
                 const site: H.Site = .{ .mix = mx[c], .base = base, .scale = scale };
-                try hh.mapsFrom(if (splits > 1) part else rw, splits, site, mp, r, mult, hidden, 1e-6, 1e-6, 20);
-                try hh.collapseNorm(st, mp, nw, nd, r, mult, hidden, 1e-6);
+                const sums = if (splits > 1) part else rw;
+                if (one) {
+                    try hh.enter(sums, splits, site, mp, st, nw, nd, r, mult, hidden, 1e-6, 1e-6, 20);
+                } else {
+                    try hh.mapsFrom(sums, splits, site, mp, r, mult, hidden, 1e-6, 1e-6, 20);
+                    try hh.collapseNorm(st, mp, nw, nd, r, mult, hidden, 1e-6);
+                }
                 try hh.leave(st, mp, o, r, mult, hidden);
             }
         };
-        const us = try bench_time.timeMedian(gpu, 20, Site.call, .{ k, hk, &turn, &mix, site_base, site_scale, streams, raw, maps, norm, normed, out, partial, rows }, diag);
+        const us = try bench_time.timeMedian(gpu, 20, Site.call, .{ k, hk, &turn, &mix, site_base, site_scale, streams, raw, maps, norm, normed, out, partial, rows, fused }, diag);
         // The matrix once; the streams read by the dots, the collapse and the mix, written once;
         // the normed input written, the sublayer's output read.
         const bytes = 4 * (mixes * mult * hidden + rows * mult * hidden * 4 + rows * hidden * 2);
-        line("hyper site (4 launches)", rows, us, bytes, copy_gbs);
-    }
+        line(if (fused) "hyper site (3 launches, enter)" else "hyper site (4 launches)", rows, us, bytes, copy_gbs);
+    };
 
     // KDA's convolution and delta rule of one layer.
     const kk: KK.Kernels = .{ .gpu = gpu, .module = &kda, .diag = diag };

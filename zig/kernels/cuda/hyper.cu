@@ -4,6 +4,7 @@
 // the (2m + m², m·D) mixing matrix. The host half is zig/src/cuda/hyper_kernels.zig.
 #include <stdint.h>
 #include "grid_dependency.cuh"
+#include "moe_combine.cuh"
 
 namespace {
 
@@ -58,17 +59,18 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_mix(const float* __
 // softmax and Sinkhorn pass gathers its row or column by shuffles and sums it in the CPU's order
 // (one thread doing all 40 passes took 56 us, a block with barriers 20). m is a template argument
 // so that a pass's m shuffles issue together instead of one loop trip each (8.5 us a site at m 4
-// with a runtime m). maps[row]: pre (m), post (m), comb (m²).
-template <int M>
+// with a runtime m). maps[row]: pre (m), post (m), comb (m²). `pre_ready` runs once pre and post
+// are in `out`, before the Sinkhorn passes: tf_hc_enter's collapse needs only pre.
+template <int M, typename Ready>
 __device__ __forceinline__ void hc_maps(const float* __restrict__ sums, int splits, const float* __restrict__ base,
-                                        const float* __restrict__ scale, float* __restrict__ maps, int row, int hidden, float norm_eps,
-                                        float hc_eps, int iters) {
+                                        const float* __restrict__ scale, float* __restrict__ out, int hidden, float norm_eps,
+                                        float hc_eps, int iters, Ready pre_ready) {
     constexpr int kMixes = (2 + M) * M;
     const int t = threadIdx.x;
     // Lane t adds up value t and t + 32 (m = 5 has 36 values).
     const auto total = [&](int j) {
         if (j > kMixes) return 0.f;
-        const float* part = sums + (static_cast<size_t>(row) * (kMixes + 1) + j) * splits;
+        const float* part = sums + static_cast<size_t>(j) * splits;
         float sum = 0.f;
         for (int s0 = 0; s0 < splits; s0 += 8) {
             float v[8];
@@ -85,12 +87,12 @@ __device__ __forceinline__ void hc_maps(const float* __restrict__ sums, int spli
         return j < kWarp ? lo : hi;
     };
     const float inverse = 1.0f / sqrtf(logit(kMixes) / (M * hidden) + norm_eps);
-    float* out = maps + static_cast<size_t>(row) * kMixes;
     const float pre = logit(t % M), post = logit(M + t % M);
     if (t < M) {
         out[t] = sigmoid(pre * inverse * scale[0] + base[t]) + hc_eps;
         out[M + t] = 2.0f * sigmoid(post * inverse * scale[1] + base[M + t]);
     }
+    pre_ready();
     const bool owner = t < M * M;
     const int a = owner ? t / M : 0, b = owner ? t % M : 0;
     const float comb = logit(2 * M + (owner ? t : 0));
@@ -124,20 +126,30 @@ __device__ __forceinline__ void hc_maps(const float* __restrict__ sums, int spli
     if (owner) out[2 * M + t] = v;
 }
 
+// One row's maps from its sums (sums[j·splits + s]) into out, by the 32 lanes of one warp.
+template <typename Ready>
+__device__ __forceinline__ void hc_maps_row(const float* __restrict__ sums, int splits, const float* __restrict__ base,
+                                            const float* __restrict__ scale, float* __restrict__ out, int m, int hidden, float norm_eps,
+                                            float hc_eps, int iters, Ready pre_ready) {
+    static_assert(kMultMax == 5 && (2 + kMultMax) * kMultMax + 1 <= 2 * kWarp, "an instance per m; two values per lane");
+    switch (m) {
+        case 1: return hc_maps<1>(sums, splits, base, scale, out, hidden, norm_eps, hc_eps, iters, pre_ready);
+        case 2: return hc_maps<2>(sums, splits, base, scale, out, hidden, norm_eps, hc_eps, iters, pre_ready);
+        case 3: return hc_maps<3>(sums, splits, base, scale, out, hidden, norm_eps, hc_eps, iters, pre_ready);
+        case 4: return hc_maps<4>(sums, splits, base, scale, out, hidden, norm_eps, hc_eps, iters, pre_ready);
+        default: return hc_maps<5>(sums, splits, base, scale, out, hidden, norm_eps, hc_eps, iters, pre_ready);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kWarp) tf_hc_maps(const float* __restrict__ sums, int splits, const float* __restrict__ base,
                                                               const float* __restrict__ scale, float* __restrict__ maps, int rows, int m,
                                                               int hidden, float norm_eps, float hc_eps, int iters) {
     tf_wait_prior_grid();
-    static_assert(kMultMax == 5 && (2 + kMultMax) * kMultMax + 1 <= 2 * kWarp, "an instance per m; two values per lane");
     const int row = blockIdx.x;
     if (row >= rows) return;
-    switch (m) {
-        case 1: return hc_maps<1>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        case 2: return hc_maps<2>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        case 3: return hc_maps<3>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        case 4: return hc_maps<4>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-        default: return hc_maps<5>(sums, splits, base, scale, maps, row, hidden, norm_eps, hc_eps, iters);
-    }
+    const int mixes = (2 + m) * m;
+    hc_maps_row(sums + static_cast<size_t>(row) * (mixes + 1) * splits, splits, base, scale, maps + static_cast<size_t>(row) * mixes, m, hidden,
+                norm_eps, hc_eps, iters, [] {});
 }
 
 // The sublayer's input Σ_s pre_s·stream_s, a thread per (row, dim).
@@ -159,14 +171,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse(const floa
 // the same operations in the same order (hidden % 4 == 0, hidden <= 4·kThreads·kNormCache).
 constexpr int kNormCache = 8;
 
-extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse_norm(const float* __restrict__ streams, const float* __restrict__ maps,
-                                                                          const float* __restrict__ weight, float* __restrict__ normed,
-                                                                          int rows, int m, int hidden, float eps) {
-    tf_wait_prior_grid();
+__device__ __forceinline__ void collapse_norm_row(const float* __restrict__ streams, const float* __restrict__ pre,
+                                                  const float* __restrict__ weight, float* __restrict__ normed, int row, int m, int hidden,
+                                                  float eps) {
     __shared__ float partial[kWarps];
-    const int row = blockIdx.x;
-    if (row >= rows) return;
-    const float* pre = maps + static_cast<size_t>(row) * (2 + m) * m;
     const float4* x = reinterpret_cast<const float4*>(streams + static_cast<size_t>(row) * m * hidden);
     const int n4 = hidden / 4;
     float4 v[kNormCache];
@@ -203,21 +211,64 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse_norm(const
     }
 }
 
-// Stream j of each row becomes post_j·out + Σ_i comb_ij·stream_i: a thread per (row, dim) reads
-// the row's m old values first, so the update is in place.
-extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave(float* __restrict__ streams, const float* __restrict__ maps,
-                                                                  const float* __restrict__ out, int rows, int m, int hidden) {
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_collapse_norm(const float* __restrict__ streams, const float* __restrict__ maps,
+                                                                          const float* __restrict__ weight, float* __restrict__ normed,
+                                                                          int rows, int m, int hidden, float eps) {
     tf_wait_prior_grid();
     const int row = blockIdx.x;
-    const int d = blockIdx.y * kThreads + threadIdx.x;
-    if (row >= rows || d >= hidden) return;
+    if (row >= rows) return;
+    collapse_norm_row(streams, maps + static_cast<size_t>(row) * (2 + m) * m, weight, normed, row, m, hidden, eps);
+}
+
+// A site's entry in one block per row: the row's split sums staged in shared memory by the whole
+// block (tf_hc_maps' one warp took 64 splits x 25 sums 8 loads at a time), its maps by warp 0 as
+// tf_hc_maps computes them (the same sums in the same order), kept in shared memory and stored to
+// `maps` for tf_hc_leave, and tf_hc_collapse_norm's collapse and norm: the same bits as those two
+// launches, one launch a site fewer. The collapse needs only pre, so warps 1.. start it at a named
+// barrier that warp 0 passes before its Sinkhorn passes, and their stream loads overlap those.
+// splits <= kEnterSplits (glm_kernels.zig denseSplits' cap).
+constexpr int kEnterSplits = 128;
+constexpr int kPreBarrier = 1;  // barrier 0 is __syncthreads'
+
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_enter(const float* __restrict__ sums, int splits, const float* __restrict__ base,
+                                                                  const float* __restrict__ scale, float* __restrict__ maps,
+                                                                  const float* __restrict__ streams, const float* __restrict__ weight,
+                                                                  float* __restrict__ normed, int rows, int m, int hidden, float norm_eps,
+                                                                  float hc_eps, int iters, float eps) {
+    tf_wait_prior_grid();
+    __shared__ float staged[((2 + kMultMax) * kMultMax + 1) * kEnterSplits];
+    __shared__ float row_maps[(2 + kMultMax) * kMultMax];
+    const int row = blockIdx.x;
+    if (row >= rows || splits > kEnterSplits) return;
+    const int mixes = (2 + m) * m;
+    const int count = (mixes + 1) * splits;
+    const float* mine = sums + static_cast<size_t>(row) * count;
+    for (int i = threadIdx.x; i < count; i += kThreads) staged[i] = mine[i];
+    __syncthreads();
+    if (threadIdx.x < kWarp) {
+        // bar.arrive orders warp 0's stores of pre before the other warps' loads past bar.sync.
+        hc_maps_row(staged, splits, base, scale, row_maps, m, hidden, norm_eps, hc_eps, iters, [] {
+            __syncwarp();
+            asm volatile("bar.arrive %0, %1;" ::"n"(kPreBarrier), "n"(kThreads) : "memory");
+        });
+        __syncwarp();
+        for (int i = threadIdx.x; i < mixes; i += kWarp) maps[static_cast<size_t>(row) * mixes + i] = row_maps[i];
+    } else {
+        asm volatile("bar.sync %0, %1;" ::"n"(kPreBarrier), "n"(kThreads) : "memory");
+    }
+    collapse_norm_row(streams, row_maps, weight, normed, row, m, hidden, eps);
+}
+
+// Stream j of each row becomes post_j·out + Σ_i comb_ij·stream_i: a thread per (row, dim) reads
+// the row's m old values first, so the update is in place.
+__device__ __forceinline__ void leave_at(float* __restrict__ streams, const float* __restrict__ maps, float y, int row, int d, int m,
+                                         int hidden) {
     const float* post = maps + static_cast<size_t>(row) * (2 + m) * m + m;
     const float* comb = post + m;
     float* x = streams + static_cast<size_t>(row) * m * hidden + d;
     float old[kMultMax];  // unrolled with constant indices: registers, not a stack frame
 #pragma unroll
     for (int i = 0; i < kMultMax; ++i) old[i] = i < m ? x[static_cast<size_t>(i) * hidden] : 0.f;
-    const float y = out[static_cast<size_t>(row) * hidden + d];
     for (int j = 0; j < m; ++j) {
         float v = post[j] * y;
 #pragma unroll
@@ -225,6 +276,28 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave(float* __rest
             if (i < m) v += comb[i * m + j] * old[i];
         x[static_cast<size_t>(j) * hidden] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave(float* __restrict__ streams, const float* __restrict__ maps,
+                                                                  const float* __restrict__ out, int rows, int m, int hidden) {
+    tf_wait_prior_grid();
+    const int row = blockIdx.x;
+    const int d = blockIdx.y * kThreads + threadIdx.x;
+    if (row >= rows || d >= hidden) return;
+    leave_at(streams, maps, out[static_cast<size_t>(row) * hidden + d], row, d, m, hidden);
+}
+
+// tf_hc_leave of the MoE block's output computed in place of its load: glm_forward.cu's
+// tf_moe_combine and tf_hc_leave in one launch, the same value mixed (moe_combine.cuh).
+extern "C" __global__ void __launch_bounds__(kThreads) tf_hc_leave_combined(float* __restrict__ streams, const float* __restrict__ maps,
+                                                                           const float* __restrict__ expert_out,
+                                                                           const float* __restrict__ weights, const float* __restrict__ shared,
+                                                                           int rows, int top_k, int m, int hidden) {
+    tf_wait_prior_grid();
+    const int row = blockIdx.x;
+    const int d = blockIdx.y * kThreads + threadIdx.x;
+    if (row >= rows || d >= hidden) return;
+    leave_at(streams, maps, moe_combined(expert_out, weights, shared, row, d, top_k, hidden), row, d, m, hidden);
 }
 
 // The embedding into every stream.

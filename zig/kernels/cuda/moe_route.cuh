@@ -2,6 +2,7 @@
 // glm_forward.cu, after the helpers it uses.
 #pragma once
 #include "grid_dependency.cuh"
+#include "moe_combine.cuh"
 
 // ---- MoE ----
 
@@ -166,19 +167,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
     }
 }
 
-// out[row] = Σ_slot weight · expert_out[row·top_k + slot] in slot (= ascending expert) order, then
-// + shared[row] when given.
+// out[row] = the experts' combine (moe_combine.cuh).
 extern "C" __global__ void tf_moe_combine(const float* __restrict__ expert_out, const float* __restrict__ weights,
                                           const float* __restrict__ shared, float* __restrict__ out,
                                           int rows, int top_k, int hidden) {
     tf_wait_prior_grid();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * hidden) return;
-    const int row = i / hidden;
-    const int d = i % hidden;
-    float sum = 0.f;
-    for (int slot = 0; slot < top_k; ++slot)
-        sum += expert_out[(static_cast<size_t>(row) * top_k + slot) * hidden + d] * weights[row * top_k + slot];
-    if (shared) sum += shared[i];
-    out[i] = sum;
+    out[i] = moe_combined(expert_out, weights, shared, i / hidden, i % hidden, top_k, hidden);
 }

@@ -113,6 +113,9 @@ pub const Grouping = struct {
     total: Ptr, // i32[1]
 };
 
+/// The experts' outputs before their combine: Kernels.moeCombine's inputs.
+pub const MoeCombine = struct { expert_out: Ptr, weights: Ptr, shared: Ptr, slots: usize };
+
 pub const Kernels = struct {
     gpu: *const Gpu,
     module: *const Module,

@@ -93,6 +93,9 @@ pub const GpuModel = struct {
     dense_mma: bool,
     dense_partials: usize,
     merge_shared: bool,
+    /// Hyper-connection sites in fewer launches (TF_CUDA_HC_FUSED=0: maps, collapse and the MoE
+    /// combine each on their own; the same bits).
+    hyper_fused: bool,
     sample_jobs: Ptr,
     sample_choices: Ptr,
     /// tf_sample_*'s per-job state and histograms, zero between calls.
@@ -230,6 +233,7 @@ pub const GpuModel = struct {
         model.dense_mma = !core.switches.off("TF_CUDA_DENSE_MMA");
         model.dense_partials = 0;
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
+        model.hyper_fused = !core.switches.off("TF_CUDA_HC_FUSED");
         // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.
         model.slots = moe_cuda.slotsOf(weights, model.merge_shared);
         const items_max = 2 * limits.rows_max * model.slots;

@@ -9,6 +9,7 @@ const cuda = @import("../../../cuda/root.zig");
 const model_mod = @import("../cuda_model.zig");
 const weights_mod = @import("../weights.zig");
 const hyper = @import("hyper.zig");
+const moe_cuda = @import("moe_cuda.zig");
 const config_mod = @import("../config.zig");
 const GpuModel = model_mod.GpuModel;
 const Error = model_mod.Error;
@@ -46,8 +47,8 @@ fn mixOnTensorCores(model: *const GpuModel) bool {
 
 /// A site's entry into model.normed: the mixing dots and sum of squares, the maps, then the
 /// collapse and the sublayer's RMSNorm (`norm`). On the tensor-core path the dots' split sums go
-/// to the maps kernel unadded, and the collapse and norm are one launch where the width allows:
-/// four launches a site where there were six.
+/// to the next kernel unadded, and the maps, collapse and norm are one launch where the width
+/// and the rows allow (tf_hc_enter): three launches a site where there were six, the MoE combine in the third.
 fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, norm: Ptr, rows: usize) Error!void {
     const c = model.config;
     const m = c.hyper.mult;
@@ -74,6 +75,8 @@ fn enter(model: *GpuModel, k: K.Kernels, hk: H.Kernels, site: H.Site, norm: Ptr,
     } else {
         try hk.mix(model.hidden, site, model.hyper_raw, rows, m, d);
     }
+    if (model.hyper_fused and H.Kernels.enterFits(d, splits, rows))
+        return hk.enter(sums, splits, site, model.maps, model.hidden, norm, model.normed, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
     try hk.mapsFrom(sums, splits, site, model.maps, rows, m, d, c.rms_norm_eps, c.hyper.eps, c.hyper.sinkhorn_iters);
     if (H.Kernels.collapseNormFits(d)) return hk.collapseNorm(model.hidden, model.maps, norm, model.normed, rows, m, d, c.rms_norm_eps);
     try hk.collapse(model.hidden, model.maps, model.collapsed, rows, m, d);
@@ -103,6 +106,13 @@ pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, reduc
         try hk.leave(model.hidden, model.maps, model.projected, rows, m, d);
         try enter(model, k, hk, sites.ffn, block.post_attention_norm, rows);
         model.at(layer, .ffn);
+        // One rank alone: the MoE block's combine is computed inside the leave's launch.
+        if (reduce == null and model.hyper_fused and block.ffn == .moe) {
+            const combine = try moe_cuda.runExperts(model, k, &block.ffn.moe, rows);
+            model.at(layer, .norm);
+            try hk.leaveCombined(model.hidden, model.maps, combine, rows, m, d);
+            continue;
+        }
         try model.ffnPart(k, block, rows);
         model.at(layer, .norm);
         if (reduce) |r| r.sum(r.context, model, model.ffn_out, rows * d, diag) catch return error.CudaFailed;

@@ -155,6 +155,13 @@ pub fn grouped(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, comp
 
 /// model.ffn_out = the MoE block of model.normed.
 pub fn runMoe(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usize) Error!void {
+    const combine = try runExperts(model, k, moe, rows);
+    try k.moeCombine(combine.expert_out, combine.weights, combine.shared, model.ffn_out, rows, combine.slots, model.config.hidden_size);
+}
+
+/// The MoE block of model.normed up to its combine, whose inputs it returns (the hyper-connected
+/// forward mixes the combine straight into its streams).
+pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usize) Error!K.MoeCombine {
     const c = model.config;
     // Table entries per projection and slots per row: the routed experts, and the shared
     // expert after them when it is merged.
@@ -223,7 +230,7 @@ pub fn runMoe(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usize) E
         try model.runMlp(k, mlp, model.normed, model.shared_out, rows);
         shared = model.shared_out;
     }
-    try k.moeCombine(model.items_out, model.route_weights, shared, model.ffn_out, rows, slots, c.hidden_size);
+    return .{ .expert_out = model.items_out, .weights = model.route_weights, .shared = shared, .slots = slots };
 }
 
 /// The shared expert of `moe` when it can ride in the routed experts' launches: one shared expert
