@@ -86,9 +86,9 @@ pub const Kernels = struct {
     pub fn enter(k: Kernels, sums: Ptr, splits: usize, site: Site, maps: Ptr, streams: Ptr, weight: Ptr, normed: Ptr, rows: usize, m: usize, hidden: usize, norm_eps: f32, hc_eps: f32, iters: usize) Error!void {
         std.debug.assert(collapseNormFits(hidden) and splits <= enter_splits_max);
         try k.run("tf_hc_enter", .{ @intCast(rows), 1, 1 }, threads, .{
-            sums,                      @as(c_int, @intCast(splits)), site.base,                   site.scale,              maps,
-            streams,                   weight,                       normed,                      @as(c_int, @intCast(rows)), @as(c_int, @intCast(m)),
-            @as(c_int, @intCast(hidden)), norm_eps,                  hc_eps,                      @as(c_int, @intCast(iters)), norm_eps,
+            sums,                         @as(c_int, @intCast(splits)), site.base, site.scale,                  maps,
+            streams,                      weight,                       normed,    @as(c_int, @intCast(rows)),  @as(c_int, @intCast(m)),
+            @as(c_int, @intCast(hidden)), norm_eps,                     hc_eps,    @as(c_int, @intCast(iters)), norm_eps,
         });
     }
 
@@ -96,7 +96,7 @@ pub const Kernels = struct {
     /// then leave in one launch, the same bits).
     pub fn leaveCombined(k: Kernels, streams: Ptr, maps: Ptr, combine: glm_kernels.MoeCombine, rows: usize, m: usize, hidden: usize) Error!void {
         try k.run("tf_hc_leave_combined", .{ @intCast(rows), columns(hidden), 1 }, threads, .{
-            streams,                    maps,                                combine.expert_out,      combine.weights, combine.shared,
+            streams,                    maps,                                combine.expert_out,      combine.weights,              combine.shared,
             @as(c_int, @intCast(rows)), @as(c_int, @intCast(combine.slots)), @as(c_int, @intCast(m)), @as(c_int, @intCast(hidden)),
         });
     }
