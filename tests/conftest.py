@@ -58,10 +58,15 @@ def sm90_ptx(tmp_path_factory) -> dict[str, str]:
 
 
 def ptx_entries(ptx: str) -> list[tuple[str, str]]:
-    """(name, body) of each .entry of `ptx`."""
+    """(name, body) of each .entry of `ptx`, to the brace that closes it: inline asm such as
+    `{add.f16 ...;\n}` puts a "}" at a line's start inside a body, so the first one is not the end."""
     import re
     entries = []
     for match in re.finditer(r"\.entry (\w+)\(", ptx):
-        end = ptx.find("\n}\n", match.start())
-        entries.append((match.group(1), ptx[match.start():end]))
+        depth, at = 0, ptx.index("{", match.end())
+        for brace in re.finditer(r"[{}]", ptx[at:]):
+            depth += 1 if brace.group(0) == "{" else -1
+            if depth == 0:
+                break
+        entries.append((match.group(1), ptx[match.start():at + brace.end()]))
     return entries
