@@ -194,7 +194,7 @@ pub const Kernels = struct {
     /// One launch: a 256-thread block per (128 output columns, k split, item); or, grouped, the
     /// grouping launch and one block per (128 columns, k split, group).
     pub fn exl3Linear(k: Kernels, c: Exl3Call) Error!void {
-        std.debug.assert(c.k_p % 128 == 0 and c.n_p % 128 == 0);
+        std.debug.assert(c.k_p % 128 == 0 and c.n_p % 128 == 0 and c.acc % 16 == 0); // the last block reads the partials as float4
         const group_items = if (c.group_items == 0) c.items else c.group_items;
         const layers = if (c.layers != 0) c.layers else std.math.divCeil(usize, c.items, group_items) catch unreachable;
         // Grouping pays when a layer's items are several on average: one decoded tile then
