@@ -61,12 +61,13 @@ def ptx_entries(ptx: str) -> list[tuple[str, str]]:
     """(name, body) of each .entry of `ptx`, to the brace that closes it: inline asm such as
     `{add.f16 ...;\n}` puts a "}" at a line's start inside a body, so the first one is not the end."""
     import re
+    braces = re.compile(r"[{}]")
     entries = []
     for match in re.finditer(r"\.entry (\w+)\(", ptx):
-        depth, at = 0, ptx.index("{", match.end())
-        for brace in re.finditer(r"[{}]", ptx[at:]):
+        depth = 0
+        for brace in braces.finditer(ptx, ptx.index("{", match.end())):  # scans in place, no copy of the rest
             depth += 1 if brace.group(0) == "{" else -1
             if depth == 0:
                 break
-        entries.append((match.group(1), ptx[match.start():at + brace.end()]))
+        entries.append((match.group(1), ptx[match.start():brace.end()]))
     return entries

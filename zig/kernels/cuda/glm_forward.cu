@@ -271,7 +271,8 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
         const int item = item_sh[r];
         // A lane's four outputs as one float4 a split, eight splits' loads in flight at a time: one
         // float and one split at a time was a chain of L2 round trips ending every launch (H200,
-        // docs/measurements.md, nineteenth session). The same order of additions as before.
+        // docs/measurements.md, nineteenth session). Each output still adds its splits in
+        // ascending order from 0: the sum does not depend on which block came last.
         const float4* part = reinterpret_cast<const float4*>(a.partial + static_cast<size_t>(item) * a.n_p + chunk * kHadamard + 4 * lane);
         const size_t split_step = static_cast<size_t>(a.items) * a.n_p / 4;
         float v[4] = {0.f, 0.f, 0.f, 0.f};
