@@ -45,8 +45,13 @@ struct HeadsTile {
     static constexpr int kStages = kDtype == tf::kKvF16 ? 2 : 3;
     static constexpr int kWarpBytes = kStages * 2 * kPlaneBytes;
     static constexpr int kSharedBytes = kHeadsWarps * kWarpBytes;
-    // After the last chunk the same memory holds the warps' states for their fold.
-    static_assert(kSharedBytes >= kHeadsWarps * (kHeadsM * D + 2 * kHeadsM) * 4, "the warps' states fit for the fold");
+    // After the last chunk the same memory holds the warps' states for their fold, a head's D
+    // floats kStatePitch apart: f16's float2 stores (a half warp's heads 8 floats apart) and fp8's
+    // float4 stores (a quarter warp's two heads 16 apart) land in distinct banks, and so do the
+    // fold's float4 loads. Unpadded, every head of a store or a load fell in the same banks (8- to
+    // 16-way conflicts on each of 128 accesses a lane, a split).
+    static constexpr int kStatePitch = D + (kDtype == tf::kKvF16 ? 8 : 16);
+    static_assert(kSharedBytes >= kHeadsWarps * (kHeadsM * kStatePitch + 2 * kHeadsM) * 4, "the warps' states fit for the fold");
     static_assert(kPieces % 2 == 0, "fp8's copy order: a lane takes every other piece of its row");
 };
 // The launch's sizes: headsAttentionSharedBytes in glm_kernels.zig.
@@ -105,10 +110,12 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
             split_pair(v.x * scale, v.y * scale, qa[k][0][r], qa[k][1][r]);
         }
 
-    // The fold of the splits: thread i owns head i / 8 of the block, dims (i % 8)·D/8 ..
+    // The fold of the splits: thread i owns head i / 8 of the block, dims 4(i % 8) + 32c .. + 3 for
+    // c < D/32 (a quarter warp's float4 loads cover the 32 banks once; a head's 8 threads write
+    // 128 contiguous bytes a c).
     constexpr int kFoldDims = D / 8;
     const int fold_head = threadIdx.x / 8;
-    const int fold_dim = (threadIdx.x % 8) * kFoldDims;
+    const auto fold_dim = [&](int i) { return 4 * (threadIdx.x % 8) + 32 * (i / 4) + i % 4; };  // of its i-th value
     float folded_max = -INFINITY, folded_sum = 0.f;
     float folded[kFoldDims];
 #pragma unroll
@@ -118,47 +125,67 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
     // row (l + 32i) / pieces (a warp's copy covers whole rows: at 32k, 61 -> 43 us per layer on an
     // H200 against the other order); fp8, piece l / 16 + 2i of row l % 16 (a lane stays on one
     // row, two lanes fill a sector; the two orders measured within 10% for fp8, this one ahead;
-    // docs/measurements.md). fp8: lane l < 16 also loads row l's K exponent, lane 16 + l its V's.
+    // docs/measurements.md). fp8: lanes 0 and 1 also copy the chunk's K and V exponents.
+    // Either way task i is task 0 moved by a constant: rows (f16) or pieces (fp8).
+    constexpr int kTasks = kHeadsChunk * Tile::kPieces / kWarp;
+    constexpr int kTaskRows = kF16 ? kWarp / Tile::kPieces : 0;  // rows task i is past task 0
+    constexpr int kTaskBytes = kF16 ? 0 : 32;                    // bytes of its row past task 0's
+    static_assert(!kF16 || kWarp % Tile::kPieces == 0, "f16: a task's rows are whole pieces of the warp");
+    const int lane_row = kF16 ? lane / Tile::kPieces : lane % kHeadsChunk;
+    const int lane_piece = kF16 ? lane % Tile::kPieces : lane / kHeadsChunk;
+    const uint32_t lane_shared = shared_address(mine) + lane_row * kPitch + 16 * lane_piece;
+    const unsigned char* const k_bytes = static_cast<const unsigned char*>(cache_k) + 16 * lane_piece;
+    const unsigned char* const v_bytes = static_cast<const unsigned char*>(cache_v) + 16 * lane_piece;
+    const bool exps_aligned = ((reinterpret_cast<uintptr_t>(exp_k) | reinterpret_cast<uintptr_t>(exp_v)) & 15) == 0;
+    // The engine's pages (a power of two) are found by a shift, not a division.
+    const int page_shift = (page_tokens & (page_tokens - 1)) == 0 ? __ffs(page_tokens) - 1 : -1;
+    const auto page_of = [&](int p) { return page_shift >= 0 ? p >> page_shift : p / page_tokens; };
+    const auto page_offset = [&](int p) { return page_shift >= 0 ? p & (page_tokens - 1) : p % page_tokens; };
     for (int split = split_first; split < split_end; ++split) {
         const SplitRange range = split_range<kAttentionTile, kAttentionSplits>(length, split);
         if (range.begin >= range.end) break;  // the splits after an empty one are empty too
         // Chunk c of this warp starts at range.begin + 16·(warp + 4c).
         const auto chunk_start = [&](int c) { return range.begin + kHeadsChunk * (warp + kHeadsWarps * c); };
         const auto cache_element = [&](uint32_t page, int p) {
-            return ((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + p % page_tokens;
+            return ((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + page_offset(p);
         };
         // The page of the chunk issued next, loaded a chunk ahead so that no copy waits on it.
-        uint32_t next_page = table[chunk_start(0) / page_tokens];
-        // fp8: the exponents of the chunks in flight, oldest first, and in the last slot the one
-        // issue() just loaded (constant indices: registers).
-        int exps[kStages] = {};
+        uint32_t next_page = table[page_of(chunk_start(0))];
         const auto issue = [&](int c) {
             const int first = chunk_start(c);
             // Within one page (always, when pages are a multiple of 16 tokens) the chunk's rows are
             // consecutive elements; otherwise each row finds its own page.
-            const bool one_page = first % page_tokens + kHeadsChunk <= page_tokens;
+            const bool one_page = page_offset(first) + kHeadsChunk <= page_tokens;
             const size_t first_element = cache_element(next_page, first);
             const auto element_of = [&](int j) {
-                return one_page ? first_element + j : cache_element(table[(first + j) / page_tokens], first + j);
+                return one_page ? first_element + j : cache_element(table[page_of(first + j)], first + j);
             };
-            unsigned char* k_stage = plane(c % kStages, 0);
-            unsigned char* v_stage = plane(c % kStages, 1);
+            const uint32_t k_shared = lane_shared + (2 * (c % kStages)) * Tile::kPlaneBytes;
+            const uint32_t v_shared = k_shared + Tile::kPlaneBytes;
 #pragma unroll
-            for (int i = 0; i < kHeadsChunk * Tile::kPieces / kWarp; ++i) {
-                const int task = lane + kWarp * i;
-                const int j = kF16 ? task / Tile::kPieces : lane % kHeadsChunk;
-                const int piece = kF16 ? task % Tile::kPieces : lane / kHeadsChunk + 2 * i;
+            for (int i = 0; i < kTasks; ++i) {
+                const int j = lane_row + kTaskRows * i;
                 const bool valid = first + j < range.end;
-                const size_t at = valid ? element_of(j) * Tile::kRowBytes + 16 * piece : 0;
-                copy16_async(k_stage + j * kPitch + 16 * piece, static_cast<const unsigned char*>(cache_k) + at, valid);
-                copy16_async(v_stage + j * kPitch + 16 * piece, static_cast<const unsigned char*>(cache_v) + at, valid);
+                const size_t at = valid ? element_of(j) * Tile::kRowBytes + kTaskBytes * i : 0;
+                const uint32_t to = (kTaskRows * kPitch + kTaskBytes) * i;
+                copy16_async_to(k_shared + to, k_bytes + at, valid ? 16 : 0);
+                copy16_async_to(v_shared + to, v_bytes + at, valid ? 16 : 0);
+            }
+            if constexpr (!kF16) {
+                // The chunk's 16 K and 16 V exponents go with its group, into the padding of row 0
+                // of its K and V planes (ldmatrix reads a row's first kRowBytes only). Held in
+                // registers through the stages instead, each was consumed at its load (the
+                // rotation's moves): a stall of a round trip a chunk, ~18% of fp8's samples.
+                if (one_page && first_element % kHeadsChunk == 0 && exps_aligned) {
+                    if (lane < 2) copy16_async_to(shared_address(plane(c % kStages, lane)) + Tile::kRowBytes, (lane == 0 ? exp_k : exp_v) + first_element, 16);
+                } else {  // pages of other sizes: a lane's own load and store
+                    const int j = lane % kHeadsChunk;
+                    const int8_t e = first + j < range.end ? (lane < kHeadsChunk ? exp_k : exp_v)[element_of(j)] : 0;
+                    reinterpret_cast<int8_t*>(plane(c % kStages, lane / kHeadsChunk))[Tile::kRowBytes + j] = e;
+                }
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
-            if constexpr (!kF16) {
-                const int j = lane % kHeadsChunk;
-                exps[kStages - 1] = first + j < range.end ? (lane < kHeadsChunk ? exp_k : exp_v)[element_of(j)] : 0;
-            }
-            if (chunk_start(c + 1) < range.end) next_page = table[chunk_start(c + 1) / page_tokens];
+            if (chunk_start(c + 1) < range.end) next_page = table[page_of(chunk_start(c + 1))];
         };
 
         float o[kDimTiles][4];
@@ -176,27 +203,26 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
             } else {
                 asm volatile("cp.async.commit_group;\n" ::: "memory");
             }
-            if constexpr (!kF16) {
-#pragma unroll
-                for (int i = 0; i + 1 < kStages; ++i) exps[i] = exps[i + 1];
-            }
         }
         for (int c = 0; chunk_start(c) < range.end; ++c) {
             const int p0 = chunk_start(c);
-            const int current = exps[0];  // this chunk's exponent (fp8)
             if (chunk_start(c + kStages - 1) < range.end) {
                 issue(c + kStages - 1);
             } else {
                 asm volatile("cp.async.commit_group;\n" ::: "memory");
             }
-            if constexpr (!kF16) {
-#pragma unroll
-                for (int i = 0; i + 1 < kStages; ++i) exps[i] = exps[i + 1];
-            }
             asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
             __syncwarp();
             const unsigned char* k_plane = plane(c % kStages, 0);
             const unsigned char* v_plane = plane(c % kStages, 1);
+            // fp8: lane j < 16 holds position j's K exponent, lane 16 + j its V's; 0 past the end,
+            // whose zeroed codes then stay zeros.
+            int current = 0;
+            if constexpr (!kF16) {
+                const int j = lane % kHeadsChunk;
+                const int8_t e = reinterpret_cast<const int8_t*>(lane < kHeadsChunk ? k_plane : v_plane)[Tile::kRowBytes + j];
+                current = p0 + j < range.end ? e : 0;
+            }
             // x4 loads take matrices (positions 0-7, piece b), (8-15, b), (0-7, b + 1), (8-15, b + 1).
             const unsigned char* k_lane = k_plane + (lane % kHeadsChunk) * kPitch + 16 * (lane / kHeadsChunk);
             const unsigned char* v_lane = v_plane + (lane % kHeadsChunk) * kPitch + 16 * (lane / kHeadsChunk);
@@ -243,11 +269,13 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
                         s[n][2 + e] *= key_scale;
                     }
             }
+            if (p0 + kHeadsChunk > range.end) {  // the split's last chunk, part past the end (uniform)
 #pragma unroll
-            for (int n = 0; n < 2; ++n)
+                for (int n = 0; n < 2; ++n)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (p0 + 8 * n + 2 * t + e >= range.end) s[n][e] = s[n][2 + e] = -INFINITY;
+                    for (int e = 0; e < 2; ++e)
+                        if (p0 + 8 * n + 2 * t + e >= range.end) s[n][e] = s[n][2 + e] = -INFINITY;
+            }
             online_softmax<2, kDimTiles, true>(s, o, max_a, max_b, sum_a, sum_b);
 
             // O += P·V: P's C fragments are the A fragment.
@@ -276,20 +304,23 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
         // folded in warp order by the thread that owns (head, dims); a warp without chunks is skipped.
         __syncthreads();  // every warp is done with its stages
         float* states = reinterpret_cast<float*>(heads_shared);
-        float* ml = states + kHeadsWarps * kHeadsM * D;
+        float* ml = states + kHeadsWarps * kHeadsM * Tile::kStatePitch;
         const float total_a = quad_sum(sum_a), total_b = quad_sum(sum_b);
         if (any) {
-            float* state_a = states + (warp * kHeadsM + g) * D;
-            float* state_b = state_a + 8 * D;
+            float* state_a = states + (warp * kHeadsM + g) * Tile::kStatePitch;
+            float* state_b = state_a + 8 * Tile::kStatePitch;
+            if constexpr (kF16) {
 #pragma unroll
-            for (int n = 0; n < kDimTiles; ++n) {
-                // Tile n's columns 2t, 2t + 1: f16 dims 8n + 2t (+1); fp8 16(n / 2) + 4t + n % 2 (+2).
-                const int dim = kF16 ? 8 * n + 2 * t : 16 * (n / 2) + 4 * t + n % 2;
-                const int next = kF16 ? 1 : 2;
-                state_a[dim] = o[n][0];
-                state_a[dim + next] = o[n][1];
-                state_b[dim] = o[n][2];
-                state_b[dim + next] = o[n][3];
+                for (int n = 0; n < kDimTiles; ++n) {  // tile n's columns 2t, 2t + 1: dims 8n + 2t, + 1
+                    *reinterpret_cast<float2*>(state_a + 8 * n + 2 * t) = make_float2(o[n][0], o[n][1]);
+                    *reinterpret_cast<float2*>(state_b + 8 * n + 2 * t) = make_float2(o[n][2], o[n][3]);
+                }
+            } else {
+#pragma unroll
+                for (int n = 0; n < kDimTiles; n += 2) {  // tiles n, n + 1: dims 8n + 4t + {0, 2}, {1, 3}
+                    *reinterpret_cast<float4*>(state_a + 8 * n + 4 * t) = make_float4(o[n][0], o[n + 1][0], o[n][1], o[n + 1][1]);
+                    *reinterpret_cast<float4*>(state_b + 8 * n + 4 * t) = make_float4(o[n][2], o[n + 1][2], o[n][3], o[n + 1][3]);
+                }
             }
             if (t == 0) {
                 *reinterpret_cast<float2*>(ml + 2 * (warp * kHeadsM + g)) = make_float2(max_a, total_a);
@@ -304,9 +335,16 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
         for (int w = 0; w < kHeadsWarps; ++w) {
             if (range.begin + kHeadsChunk * w >= range.end) break;
             const float2 m = *reinterpret_cast<const float2*>(ml + 2 * (w * kHeadsM + fold_head));
+            const float* state = states + (w * kHeadsM + fold_head) * Tile::kStatePitch;
             float part[kFoldDims];
 #pragma unroll
-            for (int i = 0; i < kFoldDims; ++i) part[i] = states[(w * kHeadsM + fold_head) * D + fold_dim + i];
+            for (int i = 0; i < kFoldDims; i += 4) {
+                const float4 v = *reinterpret_cast<const float4*>(state + fold_dim(i));
+                part[i] = v.x;
+                part[i + 1] = v.y;
+                part[i + 2] = v.z;
+                part[i + 3] = v.w;
+            }
             fold_split(split_max, split_sum, acc, m.x, m.y, part);
         }
         __syncthreads();  // the states are read before the next split's stages overwrite them
@@ -317,7 +355,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
             const size_t at = (static_cast<size_t>(row) * heads + h) * kAttentionSplits + split;
 #pragma unroll
             for (int i = 0; i < kFoldDims; i += 4)
-                *reinterpret_cast<float4*>(part_acc + at * D + fold_dim + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+                *reinterpret_cast<float4*>(part_acc + at * D + fold_dim(i)) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
             if (threadIdx.x % 8 == 0) *reinterpret_cast<float2*>(part_ml + 2 * at) = make_float2(split_max, split_sum);
         } else {
             fold_split(folded_max, folded_sum, folded, split_max, split_sum, acc);
@@ -330,7 +368,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
 #pragma unroll
     for (int i = 0; i < kFoldDims; i += 4) {
         const float a[4] = {folded[i], folded[i + 1], folded[i + 2], folded[i + 3]};
-        *reinterpret_cast<float4*>(out + (static_cast<size_t>(row) * heads + h) * D + fold_dim + i) = fold_result(a, folded_sum);
+        *reinterpret_cast<float4*>(out + (static_cast<size_t>(row) * heads + h) * D + fold_dim(i)) = fold_result(a, folded_sum);
     }
 }
 
