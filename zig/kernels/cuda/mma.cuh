@@ -37,14 +37,14 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid) {
-    // src-size 0 fills the 16 bytes with zeros: rows past the group read as zero.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global), "r"(valid ? 16 : 0));
-}
-
-// copy16_async to a shared address already converted, `bytes` 16 or 0 (zeros).
+// 16 bytes from global to a shared address already converted; `bytes` 16, or 0 for zeros (src-size
+// 0 fills the 16 bytes with zeros: rows past the group read as zero).
 __device__ __forceinline__ void copy16_async_to(uint32_t shared, const void* global, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(bytes));
+}
+
+__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid) {
+    copy16_async_to(shared_address(shared), global, valid ? 16 : 0);
 }
 
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
