@@ -137,28 +137,25 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
     const unsigned char* const k_bytes = static_cast<const unsigned char*>(cache_k) + 16 * lane_piece;
     const unsigned char* const v_bytes = static_cast<const unsigned char*>(cache_v) + 16 * lane_piece;
     const bool exps_aligned = ((reinterpret_cast<uintptr_t>(exp_k) | reinterpret_cast<uintptr_t>(exp_v)) & 15) == 0;
-    // The engine's pages (a power of two) are found by a shift, not a division.
-    const int page_shift = (page_tokens & (page_tokens - 1)) == 0 ? __ffs(page_tokens) - 1 : -1;
-    const auto page_of = [&](int p) { return page_shift >= 0 ? p >> page_shift : p / page_tokens; };
-    const auto page_offset = [&](int p) { return page_shift >= 0 ? p & (page_tokens - 1) : p % page_tokens; };
+    const PageIndex pages(page_tokens);
     for (int split = split_first; split < split_end; ++split) {
         const SplitRange range = split_range<kAttentionTile, kAttentionSplits>(length, split);
         if (range.begin >= range.end) break;  // the splits after an empty one are empty too
         // Chunk c of this warp starts at range.begin + 16·(warp + 4c).
         const auto chunk_start = [&](int c) { return range.begin + kHeadsChunk * (warp + kHeadsWarps * c); };
         const auto cache_element = [&](uint32_t page, int p) {
-            return ((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + page_offset(p);
+            return ((static_cast<size_t>(page) * layers + layer) * kv_heads + kv) * page_tokens + pages.offset(p);
         };
         // The page of the chunk issued next, loaded a chunk ahead so that no copy waits on it.
-        uint32_t next_page = table[page_of(chunk_start(0))];
+        uint32_t next_page = table[pages.page(chunk_start(0))];
         const auto issue = [&](int c) {
             const int first = chunk_start(c);
             // Within one page (always, when pages are a multiple of 16 tokens) the chunk's rows are
             // consecutive elements; otherwise each row finds its own page.
-            const bool one_page = page_offset(first) + kHeadsChunk <= page_tokens;
+            const bool one_page = pages.offset(first) + kHeadsChunk <= page_tokens;
             const size_t first_element = cache_element(next_page, first);
             const auto element_of = [&](int j) {
-                return one_page ? first_element + j : cache_element(table[page_of(first + j)], first + j);
+                return one_page ? first_element + j : cache_element(table[pages.page(first + j)], first + j);
             };
             const uint32_t k_shared = lane_shared + (2 * (c % kStages)) * Tile::kPlaneBytes;
             const uint32_t v_shared = k_shared + Tile::kPlaneBytes;
@@ -185,7 +182,7 @@ __device__ __forceinline__ void attention_heads(const float* __restrict__ q, con
                 }
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
-            if (chunk_start(c + 1) < range.end) next_page = table[page_of(chunk_start(c + 1))];
+            if (chunk_start(c + 1) < range.end) next_page = table[pages.page(chunk_start(c + 1))];
         };
 
         float o[kDimTiles][4];

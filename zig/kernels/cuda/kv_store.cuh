@@ -15,6 +15,20 @@ namespace tf {
 
 enum KvDtype : int { kKvF32 = 1, kKvF16 = 2, kKvFp8 = 3 };
 
+// A cached position's page and its offset in pages of `tokens` positions. A power of two (the
+// engine's sizes) is found by a shift: the division was a third of the decode attentions' copy
+// instructions.
+struct PageIndex {
+    int tokens;
+    int shift;  // log2(tokens), or -1
+    __device__ __forceinline__ explicit PageIndex(int page_tokens)
+        : tokens(page_tokens), shift((page_tokens & (page_tokens - 1)) == 0 ? __ffs(page_tokens) - 1 : -1) {}
+    __device__ __forceinline__ int page(int p) const { return shift >= 0 ? p >> shift : p / tokens; }
+    // p's offset, given its page (p >= 0).
+    __device__ __forceinline__ int offset(int p, int page_of_p) const { return shift >= 0 ? p & (tokens - 1) : p - page_of_p * tokens; }
+    __device__ __forceinline__ int offset(int p) const { return shift >= 0 ? p & (tokens - 1) : p % tokens; }
+};
+
 constexpr int kFp8ExponentMin = -15;
 constexpr int kFp8ExponentMax = 7;
 

@@ -221,16 +221,15 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     const int per = (tiles + kMlaSplits - 1) / kMlaSplits;  // split_range's
     const int tile_begin = split_first * per;
     const int tile_end = min(split_end * per, tiles);
-    // Lane l's cache element (row of the pool) of position l % 16 of tile c. A page of a power-of-two
-    // size (the engine's) is found by a shift: the division was a third of the copies' instructions.
-    const int page_shift = (page_tokens & (page_tokens - 1)) == 0 ? __ffs(page_tokens) - 1 : -1;
+    // Lane l's cache element (row of the pool) of position l % 16 of tile c.
+    const PageIndex pages(page_tokens);
     // 32 bits: a pool of 2^32 rows would be terabytes.
     const auto element_of = [&](int c) -> uint32_t {
         const int j = kMlaTile * c + lane % kMlaTile;
         if (j >= count) return 0;
         const int p = sparse ? static_cast<int>(picks[j]) : j;
-        const int page = page_shift >= 0 ? p >> page_shift : p / page_tokens;
-        const int offset = page_shift >= 0 ? p & (page_tokens - 1) : p - page * page_tokens;
+        const int page = pages.page(p);
+        const int offset = pages.offset(p, page);
         return (table[page] * static_cast<uint32_t>(layers) + static_cast<uint32_t>(layer)) * static_cast<uint32_t>(page_tokens) + static_cast<uint32_t>(offset);
     };
     uint32_t next_element = element_of(tile_begin);  // of the tile issued next
