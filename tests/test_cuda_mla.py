@@ -1,11 +1,12 @@
 """GLM-4.7-Flash (MLA) and GLM-5.x (MLA + DSA) on the CUDA backend, against the CPU forward and
 the exact answer: logits at every position, greedy continuations, batch invariance and chunk
 boundaries bit for bit, attention spread over splits or run a block per row with the same bits,
-recorded graphs, and KV pages. Skips, with the library's reason, where no GPU is usable."""
+recorded graphs, KV pages, and the head products on f16 weights with the bits of f32 ones. Skips, with the library's reason, where no GPU is usable."""
 from __future__ import annotations
 
 import json
 
+import mla_models
 import numpy as np
 import pytest
 from conftest import relative_l2, within
@@ -94,3 +95,41 @@ def test_gpu_decode_matches_cpu_under_continuous_batching(engines):
         on_cpu = [e.logprob for e in cpu.stream(p[name], max_tokens=10, stop_token_ids=[])]
         assert np.max(np.abs(np.array(on_gpu) - np.array(on_cpu))) < 1e-3, name
     assert relative_l2(np.array(on_gpu), np.array(on_cpu)) < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["glm4_moe_lite", "glm_moe_dsa"])
+def test_head_products_on_f16_weights_keep_the_bits(model_type, tmp_path, monkeypatch):
+    """kv_b_proj stored fp16 (as the peer writes it) puts W_UK and W_UV on the GPU as f16, half the
+    bytes a decode step reads; TF_CUDA_MLA_HALF=0 keeps them f32. A 90-row prompt chunk (the
+    products for many rows, tf_mla_head_rows) and sampled tokens' log-probabilities through
+    replayed graphs (tf_mla_absorb, tf_mla_v_up) are the same bits; the timelines show which
+    entries ran."""
+    root = mla_models.write_gpu_shaped(tmp_path / model_type, model_type)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(3, 300, 90)]
+
+    def run():
+        with trellisforge.Engine(root, backend="cuda", max_seqs=2, kv_dtype="f32") as engine:
+            engine.add(tokens, trellisforge.Sampling(max_tokens=8, temperature=0.8, seed=3), stop_token_ids=[])
+            logprobs, names, step = [], set(), 0
+            while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+                timed = step in (0, 3)  # the prompt's chunk, a decode step
+                if timed:
+                    engine.time_next_step()
+                logprobs += [e.logprob for e in engine.step()]
+                if timed:
+                    names |= {e["name"] for e in engine.timeline()}
+                step += 1
+            assert engine.stats()["graph_replays"] > 0
+            logits = engine.logits(tokens)
+        return logits, np.array(logprobs, dtype=np.float32), names
+
+    half_logits, half_logprobs, half_names = run()
+    monkeypatch.setenv("TF_CUDA_MLA_HALF", "0")
+    f32_logits, f32_logprobs, f32_names = run()
+    half_entries = {"tf_mla_head_rows_half", "tf_mla_absorb_half", "tf_mla_v_up_half"}
+    f32_entries = {"tf_mla_head_rows", "tf_mla_absorb", "tf_mla_v_up"}
+    assert half_entries <= half_names and not f32_entries & half_names
+    assert f32_entries <= f32_names and not half_entries & f32_names
+    assert len(half_logprobs) == 8
+    assert np.array_equal(half_logits.view(np.uint32), f32_logits.view(np.uint32))
+    assert np.array_equal(half_logprobs.view(np.uint32), f32_logprobs.view(np.uint32))

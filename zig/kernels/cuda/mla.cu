@@ -118,10 +118,28 @@ extern "C" __global__ void __launch_bounds__(256) tf_mla_rope_store(
 // block per head did not: 65 and 141 us per layer for GLM-4.7-Flash's two products on the H200).
 constexpr int kProductRows = 8;
 constexpr int kProductWarps = 8;
+
+// A product's weight as f32: stored f32, or f16 where every value of the checkpoint's converts
+// exactly (mla_cuda.zig: the peer writes kv_b_proj fp16), which halves the memory W_UK and W_UV
+// take (GLM-5: 29 MB a layer). Widening is exact: either form feeds the same values to the same
+// fmaf chain, so a row's bits do not depend on the form.
+__device__ __forceinline__ float widen(float w) { return w; }
+__device__ __forceinline__ float widen(__half w) { return __half2float(w); }
+template <typename W>
+__device__ __forceinline__ float weight_at(const W* p) { return widen(__ldg(p)); }
 constexpr int kProductK = kMlaLatent;  // the longest k: the latent (W_UV); W_UK's is nope_dim <= 256
 constexpr int kProductAhead = 16;
+constexpr int kProductAheadUv = 64;  // tf_mla_v_up_half: a warp's whole eighth of W_UV
 
-__device__ __forceinline__ void head_product(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+// kAhead weights a lane loads before using any; kEarly: the first of them before the rows' inputs
+// are staged, so that their DRAM latency and the inputs' copy overlap. At a decode step's one row
+// these products wait on rounds of loads, not on bytes: GLM-4.7-Flash's W_UV took 12.8 us in f16
+// as in f32 (5.2 vs 10.5 MB; four rounds of 16), and 11.5 us with a warp's whole eighth (64) in
+// one early round; W_UK's eighths (24) took 8.6 us in two rounds, 9.7 in one early round (H200
+// step timelines, docs/measurements.md), so tf_mla_v_up_half alone takes the early round. The
+// multiply-adds run in the same order for any kAhead and kEarly, so the bits are the same.
+template <typename W, int kAhead, bool kEarly>
+__device__ __forceinline__ void head_product(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ out,
                                              int rows, int heads, int x_stride, int k, int n) {
     __shared__ float partial[kProductWarps][kProductRows][kWarp];
     __shared__ float xs[kProductRows][kProductK];
@@ -132,27 +150,56 @@ __device__ __forceinline__ void head_product(const float* __restrict__ x, const 
     const int warp = threadIdx.x / kWarp;
     const int per = (k + kProductWarps - 1) / kProductWarps;
     const int i_end = min(k, (warp + 1) * per);
-    for (int at = threadIdx.x; at < count * k; at += blockDim.x)
-        xs[at / k][at % k] = x[(static_cast<size_t>(row0 + at / k) * heads + h) * x_stride + at % k];
-    __syncthreads();
+    // The weights of kAhead steps loaded before any is used, the rows' inputs from shared memory:
+    // a decode step's one row reads each weight once, and one load in flight per lane left the
+    // products at a sixth of copy bandwidth (step timeline: 15 and 25 us per GLM-4.7-Flash layer
+    // for 7.9 and 10.5 MB).
     float acc[kProductRows] = {};
-    if (column < n) {
-        // The weights of kProductAhead steps loaded before any is used, the rows' inputs from shared
-        // memory: a decode step's one row reads each weight once, and one load in flight per lane
-        // left the products at a sixth of copy bandwidth (step timeline: 15 and 25 us per
-        // GLM-4.7-Flash layer for 7.9 and 10.5 MB).
-        const float* weights = w + static_cast<size_t>(h) * k * n + column;
+    if constexpr (kEarly) {
+        const W* weights = w + static_cast<size_t>(h) * k * n + column;
+        // As stored until used: f16 weights hold half the registers of their widened values.
+        W ahead[kAhead];
+        const W zero = W(0.f);
+        const auto fetch = [&](int i) {
+#pragma unroll
+            for (int u = 0; u < kAhead; ++u) ahead[u] = column < n && i + u < i_end ? __ldg(weights + static_cast<size_t>(i + u) * n) : zero;
+        };
+        fetch(warp * per);
+        for (int at = threadIdx.x; at < count * k; at += blockDim.x)
+            xs[at / k][at % k] = x[(static_cast<size_t>(row0 + at / k) * heads + h) * x_stride + at % k];
+        __syncthreads();
+        if (column < n) {
 #pragma unroll 1
-        for (int i = warp * per; i < i_end; i += kProductAhead) {
-            float weight[kProductAhead];
+            for (int i = warp * per; i < i_end; i += kAhead) {
+                if (i != warp * per) fetch(i);
 #pragma unroll
-            for (int u = 0; u < kProductAhead; ++u) weight[u] = i + u < i_end ? __ldg(weights + static_cast<size_t>(i + u) * n) : 0.f;
+                for (int u = 0; u < kAhead; ++u) {
+                    if (i + u >= i_end) break;
+                    const float weight = widen(ahead[u]);
 #pragma unroll
-            for (int u = 0; u < kProductAhead; ++u) {
-                if (i + u >= i_end) break;
+                    for (int r = 0; r < kProductRows; ++r)
+                        if (r < count) acc[r] = fmaf(xs[r][i + u], weight, acc[r]);
+                }
+            }
+        }
+    } else {
+        for (int at = threadIdx.x; at < count * k; at += blockDim.x)
+            xs[at / k][at % k] = x[(static_cast<size_t>(row0 + at / k) * heads + h) * x_stride + at % k];
+        __syncthreads();
+        if (column < n) {
+            const W* weights = w + static_cast<size_t>(h) * k * n + column;
+#pragma unroll 1
+            for (int i = warp * per; i < i_end; i += kAhead) {
+                float weight[kAhead];
 #pragma unroll
-                for (int r = 0; r < kProductRows; ++r)
-                    if (r < count) acc[r] = fmaf(xs[r][i + u], weight[u], acc[r]);
+                for (int u = 0; u < kAhead; ++u) weight[u] = i + u < i_end ? weight_at(weights + static_cast<size_t>(i + u) * n) : 0.f;
+#pragma unroll
+                for (int u = 0; u < kAhead; ++u) {
+                    if (i + u >= i_end) break;
+#pragma unroll
+                    for (int r = 0; r < kProductRows; ++r)
+                        if (r < count) acc[r] = fmaf(xs[r][i + u], weight[u], acc[r]);
+                }
             }
         }
     }
@@ -179,7 +226,8 @@ constexpr int kTileK = 8;
 constexpr int kTilePad = 4;  // keeps the 16-byte loads aligned, moves rows across banks
 constexpr int kTileThreads = 256;
 
-__device__ __forceinline__ void head_product_rows(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+template <typename W>
+__device__ __forceinline__ void head_product_rows(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ out,
                                                   int rows, int heads, int x_stride, int k, int n) {
     __shared__ __align__(16) float xs[2][kTileK][kTileRows + kTilePad];  // transposed: k major
     __shared__ __align__(16) float ws[2][kTileK][kTileColumns + kTilePad];
@@ -190,13 +238,14 @@ __device__ __forceinline__ void head_product_rows(const float* __restrict__ x, c
     const int ty = t / 16, tx = t % 16;
     const int per = (k + kProductWarps - 1) / kProductWarps;
     const int chunks = (per + kTileK - 1) / kTileK;  // per eighth
-    const float* weights = w + static_cast<size_t>(h) * k * n;
+    const W* weights = w + static_cast<size_t>(h) * k * n;
     // Loads: x as 64 rows x 8 k (two per thread), w as 8 k x 64 columns (two per thread).
     const int x_row = t / 4, x_k = (t % 4) * 2;
     const int w_k = t / 32, w_col = (t % 32) * 2;
     const bool x_live = row0 + x_row < rows;
     const float* x_src = x + (static_cast<size_t>(row0 + x_row) * heads + h) * x_stride;
-    float x_next[2], w_next[2];
+    float x_next[2];
+    W w_next[2];  // as stored until staged: f16 pairs hold fewer registers across the products
     auto fetch = [&](int chunk) {
         const int eighth = chunk / chunks;
         const int k0 = eighth * per + (chunk % chunks) * kTileK;
@@ -207,14 +256,14 @@ __device__ __forceinline__ void head_product_rows(const float* __restrict__ x, c
             x_next[j] = x_live && i < end ? x_src[i] : 0.f;
             const int wi = k0 + w_k;
             const int col = column0 + w_col + j;
-            w_next[j] = wi < end && col < n ? __ldg(weights + static_cast<size_t>(wi) * n + col) : 0.f;
+            w_next[j] = wi < end && col < n ? __ldg(weights + static_cast<size_t>(wi) * n + col) : W(0.f);
         }
     };
     auto stage = [&](int buffer) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             xs[buffer][x_k + j][x_row] = x_next[j];
-            ws[buffer][w_k][w_col + j] = w_next[j];
+            ws[buffer][w_k][w_col + j] = widen(w_next[j]);
         }
     };
     float sum[4][4], acc[4][4];
@@ -267,7 +316,8 @@ __device__ __forceinline__ void head_product_rows(const float* __restrict__ x, c
 }
 
 // Grid (heads, n / 64, rows / 64), block kTileThreads: q_lat = q_nope·W_UK and out = lat·W_UV
-// (x at x_stride floats a (row, head), k its length, n the outputs), a prompt chunk's rows.
+// (x at x_stride floats a (row, head), k its length, n the outputs), a prompt chunk's rows. The
+// _half entries read the weights as f16 (weight_at).
 extern "C" __global__ void __launch_bounds__(kTileThreads) tf_mla_head_rows(const float* __restrict__ x, const float* __restrict__ w,
                                                                            float* __restrict__ out, int rows, int heads, int x_stride,
                                                                            int k, int n) {
@@ -275,10 +325,24 @@ extern "C" __global__ void __launch_bounds__(kTileThreads) tf_mla_head_rows(cons
     head_product_rows(x, w, out, rows, heads, x_stride, k, n);
 }
 
+extern "C" __global__ void __launch_bounds__(kTileThreads) tf_mla_head_rows_half(const float* __restrict__ x, const __half* __restrict__ w,
+                                                                                float* __restrict__ out, int rows, int heads, int x_stride,
+                                                                                int k, int n) {
+    tf_wait_prior_grid();
+    head_product_rows(x, w, out, rows, heads, x_stride, k, n);
+}
+
 extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb(const float* __restrict__ q, const float* __restrict__ wuk,
                                                                               float* __restrict__ q_lat, int rows, int heads, int qk_dim, int nope_dim) {
     tf_wait_prior_grid();
-    head_product(q, wuk, q_lat, rows, heads, qk_dim, nope_dim, kMlaLatent);
+    head_product<float, kProductAhead, false>(q, wuk, q_lat, rows, heads, qk_dim, nope_dim, kMlaLatent);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_absorb_half(const float* __restrict__ q, const __half* __restrict__ wuk,
+                                                                                   float* __restrict__ q_lat, int rows, int heads, int qk_dim,
+                                                                                   int nope_dim) {
+    tf_wait_prior_grid();
+    head_product<__half, kProductAhead, false>(q, wuk, q_lat, rows, heads, qk_dim, nope_dim, kMlaLatent);
 }
 
 #define TF_MLA_ATTENTION_ARGS                                                                                                      \
@@ -360,5 +424,11 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads) tf_mla_combine(
 extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_v_up(const float* __restrict__ lat, const float* __restrict__ wuv_t,
                                                                              float* __restrict__ out, int rows, int heads, int v_dim) {
     tf_wait_prior_grid();
-    head_product(lat, wuv_t, out, rows, heads, kMlaLatent, kMlaLatent, v_dim);
+    head_product<float, kProductAhead, false>(lat, wuv_t, out, rows, heads, kMlaLatent, kMlaLatent, v_dim);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * kProductWarps) tf_mla_v_up_half(const float* __restrict__ lat, const __half* __restrict__ wuv_t,
+                                                                                  float* __restrict__ out, int rows, int heads, int v_dim) {
+    tf_wait_prior_grid();
+    head_product<__half, kProductAheadUv, true>(lat, wuv_t, out, rows, heads, kMlaLatent, kMlaLatent, v_dim);
 }

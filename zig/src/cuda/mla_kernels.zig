@@ -11,9 +11,9 @@ const Error = gpu_mod.Error;
 const KvDtype = @import("../core/kv_store.zig").KvDtype;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_mla_rope_store",           "tf_mla_absorb",               "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine",   "tf_mla_v_up",
-    "tf_mla_attention_f16",        "tf_mla_attention_split_f16",  "tf_mla_attention_fp8", "tf_mla_attention_split_fp8", "tf_mla_head_rows", "tf_mla_attention_split2",
-    "tf_mla_attention_split2_f16", "tf_mla_attention_split2_fp8",
+    "tf_mla_rope_store",           "tf_mla_absorb",               "tf_mla_attention",     "tf_mla_attention_split",     "tf_mla_combine",        "tf_mla_v_up",
+    "tf_mla_attention_f16",        "tf_mla_attention_split_f16",  "tf_mla_attention_fp8", "tf_mla_attention_split_fp8", "tf_mla_head_rows",      "tf_mla_attention_split2",
+    "tf_mla_attention_split2_f16", "tf_mla_attention_split2_fp8", "tf_mla_absorb_half",   "tf_mla_v_up_half",           "tf_mla_head_rows_half",
 });
 
 /// The shapes mla.cu is built for (kMlaLatent, kMlaRope): every GLM MLA model's.
@@ -142,12 +142,18 @@ pub const Kernels = struct {
         try k.run("tf_mla_rope_store", .{ @intCast(p.rows), 1, 1 }, 256, ptrs);
     }
 
+    /// A head product's weights (W_UK, or W_UV transposed): f32, or f16 (the _half entries: the
+    /// same values, so the same bits, from half the bytes).
+    pub const Weights = struct { ptr: Ptr, half: bool };
+
     /// q_lat = q_nope · W_UK per head: a block per (head, 32 latent columns, 8 rows).
-    pub fn absorb(k: Kernels, q: Ptr, wuk: Ptr, q_lat: Ptr, rows: usize, heads: usize, qk_dim: usize, nope_dim: usize) Error!void {
+    pub fn absorb(k: Kernels, q: Ptr, wuk: Weights, q_lat: Ptr, rows: usize, heads: usize, qk_dim: usize, nope_dim: usize) Error!void {
         std.debug.assert(nope_dim <= nope_max);
         if (rows >= tile_rows) return k.headRows(q, wuk, q_lat, rows, heads, qk_dim, nope_dim, latent);
-        var a = .{ q, wuk, q_lat, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(qk_dim)), @as(c_int, @intCast(nope_dim)) };
-        try k.run("tf_mla_absorb", .{ @intCast(heads), latent / 32, count(rows, product_rows) }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] });
+        var a = .{ q, wuk.ptr, q_lat, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(qk_dim)), @as(c_int, @intCast(nope_dim)) };
+        const grid = [3]u32{ @intCast(heads), latent / 32, count(rows, product_rows) };
+        const ptrs = .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6] };
+        if (wuk.half) try k.run("tf_mla_absorb_half", grid, 256, ptrs) else try k.run("tf_mla_absorb", grid, 256, ptrs);
     }
 
     /// The attention over the latent cache into `out` (rows, heads, latent). With `parts`, a block
@@ -187,18 +193,21 @@ pub const Kernels = struct {
     }
 
     /// out (rows, heads·v) = the heads' latents through W_UV: a block per (head, 32 columns, 8 rows).
-    pub fn vUp(k: Kernels, lat: Ptr, wuv_t: Ptr, out: Ptr, rows: usize, heads: usize, v_dim: usize) Error!void {
+    pub fn vUp(k: Kernels, lat: Ptr, wuv_t: Weights, out: Ptr, rows: usize, heads: usize, v_dim: usize) Error!void {
         if (rows >= tile_rows) return k.headRows(lat, wuv_t, out, rows, heads, latent, latent, v_dim);
-        var a = .{ lat, wuv_t, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(v_dim)) };
-        try k.run("tf_mla_v_up", .{ @intCast(heads), count(v_dim, 32), count(rows, product_rows) }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
+        var a = .{ lat, wuv_t.ptr, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(v_dim)) };
+        const grid = [3]u32{ @intCast(heads), count(v_dim, 32), count(rows, product_rows) };
+        const ptrs = .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] };
+        if (wuv_t.half) try k.run("tf_mla_v_up_half", grid, 256, ptrs) else try k.run("tf_mla_v_up", grid, 256, ptrs);
     }
 
     /// Either product for many rows (a prompt chunk): a block per (head, 64 columns, 64 rows),
     /// x's (row, head) vectors `x_stride` floats apart, `kd` long, through the head's kd x n weight.
-    fn headRows(k: Kernels, x: Ptr, w: Ptr, out: Ptr, rows: usize, heads: usize, x_stride: usize, kd: usize, n: usize) Error!void {
-        var a = .{ x, w, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(x_stride)), @as(c_int, @intCast(kd)), @as(c_int, @intCast(n)) };
+    fn headRows(k: Kernels, x: Ptr, w: Weights, out: Ptr, rows: usize, heads: usize, x_stride: usize, kd: usize, n: usize) Error!void {
+        var a = .{ x, w.ptr, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(heads)), @as(c_int, @intCast(x_stride)), @as(c_int, @intCast(kd)), @as(c_int, @intCast(n)) };
         var ptrs: [a.len]?*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_mla_head_rows", .{ @intCast(heads), count(n, tile_columns), count(rows, tile_rows) }, 256, ptrs);
+        const grid = [3]u32{ @intCast(heads), count(n, tile_columns), count(rows, tile_rows) };
+        if (w.half) try k.run("tf_mla_head_rows_half", grid, 256, ptrs) else try k.run("tf_mla_head_rows", grid, 256, ptrs);
     }
 };

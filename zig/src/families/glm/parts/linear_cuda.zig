@@ -97,15 +97,37 @@ fn uploadDense(model: *GpuModel, weight: []const f32, bias: ?[]const f32, in_fea
     const mma = model.dense_mma and in_features % 16 == 0;
     if (mma) {
         model.noteDenseSplits(in_features, out_features, false);
-        const halves = try model.gpa.alloc(f16, weight.len);
-        defer model.gpa.free(halves);
-        const exact = for (halves, weight) |*h, w| {
-            h.* = @floatCast(w);
-            if (@as(f32, h.*) != w) break false;
-        } else true;
-        if (exact) return .{ .weight = try model.put(std.mem.sliceAsBytes(halves), diag), .bias = bias_ptr, .mma = true, .half = true };
+        if (try exactHalves(model.gpa, weight)) |halves| {
+            defer model.gpa.free(halves);
+            return .{ .weight = try model.put(std.mem.sliceAsBytes(halves), diag), .bias = bias_ptr, .mma = true, .half = true };
+        }
     }
     return .{ .weight = try model.putF32(weight, diag), .bias = bias_ptr, .mma = mma, .half = false };
+}
+
+/// `values` as f16 (owned by the caller) when every one converts exactly, else null: a weight the
+/// checkpoint stored as f16, or as bf16 within f16's range and precision.
+pub fn exactHalves(gpa: std.mem.Allocator, values: []const f32) error{OutOfMemory}!?[]f16 {
+    const halves = try gpa.alloc(f16, values.len);
+    for (halves, values) |*h, v| {
+        h.* = @floatCast(v);
+        if (@as(f32, h.*) != v) {
+            gpa.free(halves);
+            return null;
+        }
+    }
+    return halves;
+}
+
+test exactHalves {
+    const gpa = std.testing.allocator;
+    const halves = (try exactHalves(gpa, &.{ 1.0, -0.5, 0.0, 65504.0, 0x1p-24 })).?;
+    defer gpa.free(halves);
+    try std.testing.expectEqual(@as(f16, 65504.0), halves[3]);
+    try std.testing.expectEqual(@as(?[]f16, null), try exactHalves(gpa, &.{ 1.0, 1.0 + 0x1p-12 })); // a mantissa bit past f16's
+    try std.testing.expectEqual(@as(?[]f16, null), try exactHalves(gpa, &.{70000.0})); // past f16's range
+    try std.testing.expectEqual(@as(?[]f16, null), try exactHalves(gpa, &.{0x1p-26})); // under its subnormals
+    try std.testing.expectEqual(@as(?[]f16, null), try exactHalves(gpa, &.{std.math.nan(f32)}));
 }
 
 /// Room in model.acc (sized in cuda_buffers.zig) for a tensor-core projection's split sums.
