@@ -99,16 +99,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
                 for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = -INFINITY;  // transformers' mask
     }
     __syncthreads();
-    // Top-k, one slot at a time: every thread scans its experts, then the block keeps the highest
-    // score, the lowest index on a tie (the CPU router's rule). Taken experts are marked in `choice`
-    // by -inf after their slot.
-    __shared__ float best_score_sh[8];
-    __shared__ int best_index_sh[8];
+    // Top-k, one slot at a time, in warp 0 alone: each lane scans its experts, then the warp keeps
+    // the highest score, the lowest index on a tie (the CPU router's rule; a total order, so any
+    // reduction tree picks the same expert). Taken experts are marked in `choice` by -inf after
+    // their slot. (The block's eight warps took two barriers and a serial merge per slot.)
+    if (warp != 0) return;
     int* chosen = experts_out + static_cast<size_t>(row) * slots;
     for (int slot = 0; slot < top_k; ++slot) {
         float best_score = -INFINITY;
         int best = experts;
-        for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+        for (int e = lane; e < experts; e += kWarp) {
             const float c = choice[e];
             if (c > best_score || (c == best_score && e < best)) { best_score = c; best = e; }
         }
@@ -117,19 +117,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
             const int other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
             if (other_score > best_score || (other_score == best_score && other < best)) { best_score = other_score; best = other; }
         }
-        if (lane == 0) { best_score_sh[warp] = best_score; best_index_sh[warp] = best; }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < 8; ++w) {
-                if (best_score_sh[w] > best_score_sh[0] || (best_score_sh[w] == best_score_sh[0] && best_index_sh[w] < best_index_sh[0])) {
-                    best_score_sh[0] = best_score_sh[w];
-                    best_index_sh[0] = best_index_sh[w];
-                }
-            }
-            chosen[slot] = best_index_sh[0];
-            choice[best_index_sh[0]] = -INFINITY;
+        if (lane == 0) {
+            chosen[slot] = best;
+            if (best < experts) choice[best] = -INFINITY;
         }
-        __syncthreads();
+        __syncwarp();
     }
     if (threadIdx.x != 0) return;
     for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
