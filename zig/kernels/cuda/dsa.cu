@@ -118,9 +118,26 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
     const int length = static_cast<int>(positions[row]) + 1;
     const int t0 = blockIdx.y * kScoreTile;
     if (length <= topk || t0 >= length) return;
-    for (int i = threadIdx.x; i < heads * kIndexHeadDim; i += blockDim.x)
-        qs[i / kIndexHeadDim][i % kIndexHeadDim] = q[static_cast<size_t>(row) * heads * kIndexHeadDim + i];
-    for (int h = threadIdx.x; h < heads; h += blockDim.x) ws[h] = weights[static_cast<size_t>(row) * heads + h];
+    {
+        // Every load of the row's queries issued before any is stored: one at a time, a thread's 32
+        // were as many L2 round trips ahead of the first multiply-add.
+        constexpr int kStaged = kIndexHeadsMax * kIndexHeadDim / 4 / kScoreTile;
+        const float4* q4 = reinterpret_cast<const float4*>(q + static_cast<size_t>(row) * heads * kIndexHeadDim);
+        float4* qs4 = reinterpret_cast<float4*>(&qs[0][0]);
+        const int n4 = heads * kIndexHeadDim / 4;
+        float4 staged[kStaged];
+#pragma unroll
+        for (int j = 0; j < kStaged; ++j) {
+            const int i = threadIdx.x + j * kScoreTile;
+            if (i < n4) staged[j] = q4[i];
+        }
+        if (threadIdx.x < heads) ws[threadIdx.x] = weights[static_cast<size_t>(row) * heads + threadIdx.x];
+#pragma unroll
+        for (int j = 0; j < kStaged; ++j) {
+            const int i = threadIdx.x + j * kScoreTile;
+            if (i < n4) qs4[i] = staged[j];
+        }
+    }
     __syncthreads();
     const int t = t0 + threadIdx.x;
     if (t >= length) return;
@@ -130,10 +147,15 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
     float total = 0.f;
     for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {
         float dot[kScoreHeads] = {};
-        for (int d = 0; d < kIndexHeadDim; d += 16) {
-            float4 k4[4];
+        // The key's next 16 dims in flight while these are multiplied.
+        float4 k4[4], next[4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) k4[c] = __ldg(key + d / 4 + c);
+        for (int c = 0; c < 4; ++c) k4[c] = __ldg(key + c);
+        for (int d = 0; d < kIndexHeadDim; d += 16) {
+            if (d + 16 < kIndexHeadDim) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) next[c] = __ldg(key + (d + 16) / 4 + c);
+            }
 #pragma unroll
             for (int hh = 0; hh < kScoreHeads; ++hh) {
                 if (h0 + hh >= heads) break;
@@ -143,6 +165,10 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
                     dot[hh] = fmaf(a.x, k4[c].x, dot[hh]); dot[hh] = fmaf(a.y, k4[c].y, dot[hh]);
                     dot[hh] = fmaf(a.z, k4[c].z, dot[hh]); dot[hh] = fmaf(a.w, k4[c].w, dot[hh]);
                 }
+            }
+            if (d + 16 < kIndexHeadDim) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) k4[c] = next[c];
             }
         }
 #pragma unroll
@@ -156,7 +182,12 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
 // selected[row·topk ..] and their count; a row with at most topk takes them all. Candidates are
 // positions 0..pos, or with `pool` > 1 the complete pools of `pool` positions that end at or before
 // pos (kpool.cu scores them). A block per row: a radix select of the topk-th key (four 8-bit
-// passes), then an ordered compaction.
+// passes), then an ordered compaction. A thread reads its keys kTopkBatch at a time, every load
+// issued before any is used (one at a time, each was an L2 round trip: at 8k positions 8 a pass),
+// and a pass's bin is found by a scan of the histogram over the block, where one thread walked
+// the bins down one by one.
+constexpr int kTopkBatch = 8;
+
 extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
     const float* __restrict__ scores, const uint32_t* __restrict__ positions, uint32_t* __restrict__ selected,
     uint32_t* __restrict__ counts, int row_first, int rows, int topk, int context_max, int pool) {
@@ -182,17 +213,31 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
         __syncthreads();
-        for (int t = threadIdx.x; t < length; t += blockDim.x) {
-            const uint32_t key = order_key(row_scores[t]);
-            // One atomic per distinct bin in the warp: tied keys (ReLU zeros) would serialize.
-            const int bin = (key & mask) == prefix ? static_cast<int>((key >> shift) & 0xFF) : -1;
-            const uint32_t peers = __match_any_sync(__activemask(), bin);
-            if (bin >= 0 && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+        for (int base = threadIdx.x; base < length; base += kTopkBatch * kTopkThreads) {
+            uint32_t keys[kTopkBatch];
+#pragma unroll
+            for (int j = 0; j < kTopkBatch; ++j) {
+                const int t = base + j * kTopkThreads;
+                keys[j] = t < length ? order_key(row_scores[t]) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < kTopkBatch; ++j) {
+                // One atomic per distinct bin in the warp: tied keys (ReLU zeros) would serialize.
+                const bool live = base + j * kTopkThreads < length && (keys[j] & mask) == prefix;
+                const int bin = live ? static_cast<int>((keys[j] >> shift) & 0xFF) : -1;
+                const uint32_t peers = __match_any_sync(__activemask(), bin);
+                if (bin >= 0 && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+            }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int above = 0, bin = 255;
-            for (; bin > 0 && above + histogram[bin] < left; --bin) above += histogram[bin];
+        // The bin of the topk-th key from the top: the highest bin b > 0 whose keys with the
+        // ones above it reach `left`, else bin 0. Thread i holds bin 255 - i; the scan gives the
+        // count above it.
+        const int bin = 255 - static_cast<int>(threadIdx.x);
+        const int here = bin >= 0 ? histogram[bin] : 0;
+        int total;
+        const int above = block_scan(here, scan, &total);
+        if (bin >= 0 && above < left && (bin == 0 || above + here >= left)) {
             chosen_prefix = prefix | (static_cast<uint32_t>(bin) << shift);
             chosen_left = left - above;
         }
@@ -205,19 +250,33 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
     // thread a run of positions, counted, then written from its offset (two block scans in all).
     const int run = (length + blockDim.x - 1) / blockDim.x;
     const int first = min(static_cast<int>(threadIdx.x) * run, length), last = min(first + run, length);
+    const auto batch = [&](int t0, uint32_t (&keys)[kTopkBatch]) {
+#pragma unroll
+        for (int j = 0; j < kTopkBatch; ++j) keys[j] = t0 + j < last ? order_key(row_scores[t0 + j]) : 0u;
+    };
     int above = 0, equal = 0;
-    for (int t = first; t < last; ++t) {
-        const uint32_t key = order_key(row_scores[t]);
-        above += key > prefix;
-        equal += key == prefix;
+    for (int t0 = first; t0 < last; t0 += kTopkBatch) {
+        uint32_t keys[kTopkBatch];
+        batch(t0, keys);
+#pragma unroll
+        for (int j = 0; j < kTopkBatch; ++j) {
+            if (t0 + j >= last) break;
+            above += keys[j] > prefix;
+            equal += keys[j] == prefix;
+        }
     }
     int total;
     const int above_before = block_scan(above, scan, &total);
     int equal_before = block_scan(equal, scan, &total);
     int at = above_before + min(equal_before, left);
-    for (int t = first; t < last; ++t) {
-        const uint32_t key = order_key(row_scores[t]);
-        if (key > prefix || (key == prefix && equal_before++ < left)) out[at++] = t;
+    for (int t0 = first; t0 < last; t0 += kTopkBatch) {
+        uint32_t keys[kTopkBatch];
+        batch(t0, keys);
+#pragma unroll
+        for (int j = 0; j < kTopkBatch; ++j) {
+            if (t0 + j >= last) break;
+            if (keys[j] > prefix || (keys[j] == prefix && equal_before++ < left)) out[at++] = t0 + j;
+        }
     }
     if (threadIdx.x == 0) counts[row] = topk;
 }
