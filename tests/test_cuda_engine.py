@@ -241,6 +241,47 @@ def test_k_and_v_in_one_launch_or_two_give_the_same_bits(monkeypatch):
     assert mixed(paired) == mixed(apart)
 
 
+def test_q_k_and_v_in_one_launch_keep_the_bits(monkeypatch):
+    """A decode step of up to three rows runs q, k and v (EXL3 of one input, rate and codebook) as
+    one GEMV launch, tf_exl3_parts_linear, each with its own launch's k split (k and v their
+    pair's, or their own with TF_CUDA_KV_PAIR=0); TF_CUDA_PARTS=0 runs them apart. Sampled tokens'
+    log-probabilities of one stream and of three at once are the same bits every way."""
+    p = prompts()
+
+    def three_streams(engine):
+        ids = [engine.add(tokens, trellisforge.Sampling(max_tokens=6, temperature=0.9, seed=i), stop_token_ids=[])
+               for i, tokens in enumerate(list(p.values())[:3])]
+        events = []
+        while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+            events += [(e.sequence_id - ids[0], e.token, e.logprob) for e in engine.step()]
+        return events
+
+    def attention_launches(engine):
+        engine.add(p["chat"], trellisforge.Sampling(max_tokens=4), stop_token_ids=[])
+        names, step = set(), 0
+        while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+            if step == 2:
+                engine.time_next_step()
+            engine.step()
+            if step == 2:
+                names = {e["name"] for e in engine.timeline() if e["part"] == "attention"}
+            step += 1
+        return names
+
+    engines = {}
+    for parts, pair in (("1", "1"), ("1", "0"), ("0", "1")):
+        monkeypatch.setenv("TF_CUDA_PARTS", parts)
+        monkeypatch.setenv("TF_CUDA_KV_PAIR", pair)
+        engines[parts, pair] = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=3, kv_dtype="f32")
+    together, unpaired, apart = engines.values()
+    assert "tf_exl3_parts_linear" in attention_launches(together) and "tf_exl3_parts_linear" in attention_launches(unpaired)
+    assert "tf_exl3_parts_linear" not in attention_launches(apart)
+    assert_same_bits(together, apart, p)
+    assert_same_bits(unpaired, apart, p)
+    want = three_streams(apart)
+    assert len(want) == 18 and three_streams(together) == want and three_streams(unpaired) == want
+
+
 def test_attention_spread_over_splits_gives_the_bits_of_one_block_per_row(monkeypatch):
     """Steps of up to 32 rows run tf_attention a block per (row, KV head, split) and fold the splits
     after (flash-decoding); TF_CUDA_ATTENTION_SPREAD=0 runs one block per (row, KV head) folding

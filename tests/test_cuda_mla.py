@@ -133,3 +133,41 @@ def test_head_products_on_f16_weights_keep_the_bits(model_type, tmp_path, monkey
     assert len(half_logprobs) == 8
     assert np.array_equal(half_logits.view(np.uint32), f32_logits.view(np.uint32))
     assert np.array_equal(half_logprobs.view(np.uint32), f32_logprobs.view(np.uint32))
+
+
+@pytest.mark.parametrize("model_type", ["glm4_moe_lite", "glm_moe_dsa"])
+def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypatch):
+    """A decode step's rows run q_a_proj and kv_a_proj_with_mqa (EXL3, one input) as one GEMV
+    launch, tf_exl3_parts_linear, each part with the k split of its own launch; TF_CUDA_PARTS=0
+    runs them apart. One, two and three streams' sampled log-probabilities through replayed graphs
+    (and the prompt's logits) are the same bits, and the timelines show which launches ran."""
+    root = mla_models.write_gpu_shaped(tmp_path / model_type, model_type)
+    prompts = [[int(t) for t in np.random.default_rng(seed).integers(3, 300, 20 + 7 * seed)] for seed in range(3)]
+
+    def run():
+        with trellisforge.Engine(root, backend="cuda", max_seqs=3, kv_dtype="f32") as engine:
+            logprobs, names = [], set()
+            for streams in (1, 2, 3):
+                ids = [engine.add(p, trellisforge.Sampling(max_tokens=5, temperature=0.8, seed=s), stop_token_ids=[])
+                       for s, p in enumerate(prompts[:streams])]
+                step = 0
+                while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+                    if step == 2:  # a decode step of every stream
+                        engine.time_next_step()
+                    events = engine.step()
+                    logprobs += [(streams, ids.index(e.sequence_id), e.logprob) for e in events]
+                    if step == 2:
+                        names |= {e["name"] for e in engine.timeline() if e["part"] == "attention"}
+                    step += 1
+            assert engine.stats()["graph_replays"] > 0
+            logits = engine.logits(prompts[0])
+        return logits, logprobs, names
+
+    together, together_logprobs, together_names = run()
+    monkeypatch.setenv("TF_CUDA_PARTS", "0")
+    apart, apart_logprobs, apart_names = run()
+    assert "tf_exl3_parts_linear" in together_names and "tf_exl3_parts_linear" not in apart_names
+    assert len(together_logprobs) == 5 * 6
+    assert together_logprobs == apart_logprobs  # floats compared exactly
+    assert np.array_equal(together.view(np.uint32), apart.view(np.uint32))
+

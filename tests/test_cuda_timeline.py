@@ -63,9 +63,11 @@ def test_a_timed_step_keeps_the_bits_and_names_every_launch():
         names = [e["name"] for e in timeline if e["layer"] == layer and e["part"] == "attention"]
         assert "tf_qk_rope_store" in names and any(n.startswith("tf_attention") for n in names), names
 
-    # A decode row reads each attention projection's whole weight once: q, the k/v pair, o.
+    # A decode row reads each attention projection's whole weight once: q, k and v in one launch, o.
     for layer in range(layers):
-        stated = sum(e["reads"] for e in timeline if e["layer"] == layer and e["part"] == "attention" and e["name"] == "tf_exl3_item_linear")
+        gemvs = ("tf_exl3_parts_linear", "tf_exl3_item_linear")
+        assert [e["name"] for e in timeline if e["layer"] == layer and e["name"] in gemvs][:2] == list(gemvs), layer
+        stated = sum(e["reads"] for e in timeline if e["layer"] == layer and e["part"] == "attention" and e["name"] in gemvs)
         expected = sum(linear_bytes(directory, f"model.layers.{layer}.self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
         assert stated == expected, (layer, stated, expected)
     # The dense first layer's MLP likewise (gate/up as one pair launch, then down).

@@ -201,16 +201,14 @@ struct LinearInputs {
     __align__(16) half zero[8];
 };
 
-// One block's work for `rows` items (item_sh[0..rows)) of `layer`; `key` names its counter.
+// One block's work for `rows` items (item_sh[0..rows)) of `layer`: 128 columns `chunk`, k split
+// `split` of `splits`; `counter` counts the splits of its (items, chunk) done.
 template <int R>
 __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Layer& layer, const int* item_sh, int rows,
-                                             unsigned int* __restrict__ counter, LinearInputs<R>& xs) {
+                                             unsigned int* __restrict__ counter, LinearInputs<R>& xs, int chunk, int split, int splits) {
     __shared__ int last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
-    const int chunk = blockIdx.x;
-    const int split = blockIdx.y;
-    const int splits = gridDim.y;
     const int first = split * a.split_tiles;
     const int last = min(a.k_p / 16, first + a.split_tiles);
     const int chunks = (last - first) * 16 / kHadamard;
@@ -321,7 +319,58 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
     const int entry = layer_of_item ? layer_of_item[item] : item / group_items;
     if (entry < 0) return;  // the item is on the prompt path
     const Exl3Layer layer = layers[entry];
-    linear_block<1>(a, layer, item_sh, 1, counters + static_cast<size_t>(item) * gridDim.x + blockIdx.x, xs);
+    linear_block<1>(a, layer, item_sh, 1, counters + static_cast<size_t>(item) * gridDim.x + blockIdx.x, xs, blockIdx.x, blockIdx.y, gridDim.y);
+}
+
+// Several EXL3 layers on the same input rows in one launch (q with k and v; q_a with kv_a): each
+// part its own width, k split, outputs, partial sums and counters, as its own launch would run it,
+// so every output has that launch's bits. Blocks are the parts' (128 columns, split) places in part
+// order, columns fastest; block z is the row. Rows whose `live_rows` entry is -1 are a prompt step's
+// prompt rows (the prompt kernels take them). Every part's description is a kernel parameter, picked
+// by comparisons: block-uniform values the compiler keeps out of the GEMV loop's registers (a table
+// in global memory, loaded, spilled at the six blocks per SM's 40).
+constexpr int kPartsMax = 3;
+struct LinearParts {
+    Exl3Layer layer[kPartsMax];
+    float* y[kPartsMax];
+    float* partial[kPartsMax];
+    unsigned int* counters[kPartsMax];
+    int first_place[kPartsMax];  // the part's first block
+    int n_p[kPartsMax];
+    int out_features[kPartsMax];
+    int split_tiles[kPartsMax];
+    int splits[kPartsMax];
+};
+static_assert(sizeof(LinearParts) == 232, "exl3_parts.zig's LinearParts");
+
+// Elsewhere the compiler's own choice (64 registers on sm_8x) spilled the parts' picks: three
+// blocks per SM's 85 leave room.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define TF_PARTS_LINEAR_BOUNDS TF_ITEM_LINEAR_BOUNDS
+#else
+#define TF_PARTS_LINEAR_BOUNDS __launch_bounds__(256, 3)
+#endif
+extern "C" __global__ void TF_PARTS_LINEAR_BOUNDS tf_exl3_parts_linear(const float* __restrict__ x, const int* __restrict__ live_rows,
+                                                                      const LinearParts parts, int rows, int in_features, int k_p,
+                                                                      int bits2, int codebook) {
+    tf_wait_prior_grid();
+    __shared__ LinearInputs<1> xs;
+    __shared__ int item_sh[1];
+    const int item = blockIdx.z;
+    if (item >= rows || (live_rows && live_rows[item] < 0)) return;
+    const int place = static_cast<int>(blockIdx.x);
+    const int p = place >= parts.first_place[2] ? 2 : place >= parts.first_place[1] ? 1 : 0;
+    const auto pick = [&](const auto& field) { return p == 2 ? field[2] : p == 1 ? field[1] : field[0]; };
+    const Exl3Layer layer{pick(parts.layer).words, pick(parts.layer).suh, pick(parts.layer).svh, pick(parts.layer).bias};
+    const int n_p = pick(parts.n_p);
+    const int chunks = n_p / kHadamard;
+    const int at = place - pick(parts.first_place);
+    if (threadIdx.x == 0) item_sh[0] = item;
+    __syncthreads();
+    const LinearArgs a{x, nullptr, nullptr, rows, pick(parts.partial), pick(parts.y), rows, in_features, pick(parts.out_features), k_p, n_p,
+                       bits2, codebook, pick(parts.split_tiles)};
+    const int chunk = at % chunks;
+    linear_block<1>(a, layer, item_sh, 1, pick(parts.counters) + item * chunks + chunk, xs, chunk, at / chunks, pick(parts.splits));
 }
 
 // The grouped path: block z takes group z of tf_exl3_group_items (blocks past the group count
@@ -356,7 +405,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
     __syncthreads();
     const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
     const Exl3Layer layer = layers[entry];
-    linear_block<kGroupRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs);
+    linear_block<kGroupRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs, blockIdx.x, blockIdx.y,
+                             gridDim.y);
 }
 
 // Items sorted by layer (ties by item index: a stable counting sort), cut into groups of at most

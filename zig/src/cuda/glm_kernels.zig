@@ -16,7 +16,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention",              "tf_route",                "tf_moe_combine",             "tf_logits_summary",          "tf_attention_combine",
     "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
     "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
-    "tf_attention_heads_64_fp8",
+    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of

@@ -8,6 +8,7 @@ pub const Gpu = gpu.Gpu;
 pub const exl3_decode = @import("exl3_decode.zig");
 pub const glm_kernels = @import("glm_kernels.zig");
 pub const gemv_splits = @import("gemv_splits.zig");
+pub const exl3_parts = @import("exl3_parts.zig");
 pub const exl3_prompt = @import("exl3_prompt.zig");
 pub const sampling = @import("sampling.zig");
 pub const mla_kernels = @import("mla_kernels.zig");
@@ -26,6 +27,7 @@ test {
     _ = exl3_prompt;
     _ = glm_kernels;
     _ = gemv_splits;
+    _ = exl3_parts;
     _ = mla_kernels;
     _ = dsa_kernels;
     _ = kda_kernels;

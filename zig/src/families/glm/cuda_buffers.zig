@@ -14,6 +14,7 @@ const P = cuda.exl3_prompt;
 const rope = @import("rope.zig");
 const Batch = @import("batch.zig").Batch;
 const linear_cuda = @import("parts/linear_cuda.zig");
+const linear_parts = @import("parts/linear_parts_cuda.zig");
 const mlp_cuda = @import("parts/mlp_cuda.zig");
 const GpuLinear = linear_cuda.GpuLinear;
 const GpuMlp = mlp_cuda.GpuMlp;
@@ -185,6 +186,11 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
                 .dense => {},
             }
         }
+        fn parts(n: *LinearScratch, p: ?linear_parts.Parts, rows: usize) void {
+            const s = (p orelse return).scratch(rows);
+            n.partials = @max(n.partials, s.partials);
+            n.counters = @max(n.counters, s.counters);
+        }
         fn mlp(n: *LinearScratch, m: *const GpuMlp, rows: usize) void {
             linear(n, &m.gate, 2 * rows);
             if (m.gate.kind == .exl3) add(n, m.gate.kind.exl3.k_p, m.gate.kind.exl3.n_p, 2 * rows, 2);
@@ -199,8 +205,12 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
             .gqa => |*a| {
                 for ([_]*const GpuLinear{ &a.q, &a.k, &a.v, &a.o }) |linear| Need.linear(&need, linear, l.rows_max);
                 if (a.kv_pair != 0) Need.add(&need, a.k.kind.exl3.k_p, a.k.kind.exl3.n_p, 2 * l.rows_max, 2);
+                Need.parts(&need, a.qkv, l.rows_max);
             },
-            .mla => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
+            .mla => |*a| {
+                for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max);
+                Need.parts(&need, a.q_kv_a, l.rows_max);
+            },
             .kda => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
         }
         switch (block.ffn) {

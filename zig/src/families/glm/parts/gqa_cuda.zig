@@ -14,6 +14,7 @@ const P = cuda.exl3_prompt;
 const Gqa = @import("gqa.zig").Gqa;
 const linear_cuda = @import("linear_cuda.zig");
 const GpuLinear = linear_cuda.GpuLinear;
+const linear_parts = @import("linear_parts_cuda.zig");
 
 pub const GpuGqa = struct {
     q: GpuLinear,
@@ -23,6 +24,8 @@ pub const GpuGqa = struct {
     /// A two-entry table (k, v) when both are EXL3 of one shape (pairTable): one launch runs both,
     /// their outputs one after the other in model.k. 0 otherwise.
     kv_pair: Ptr = 0,
+    /// q, k and v as one launch for a decode step's rows (linear_parts_cuda.zig), or null.
+    qkv: ?linear_parts.Parts = null,
     q_norm: Ptr,
     k_norm: Ptr,
 };
@@ -53,23 +56,28 @@ pub fn upload(model: *GpuModel, source: *const Gqa, diag: *Diagnostic) Error!Gpu
     };
 }
 
-/// k and v in one launch unless TF_CUDA_KV_PAIR=0 (the same bits either way: a test).
+/// k and v in one launch unless TF_CUDA_KV_PAIR=0, and q, k and v in one for a decode step's rows
+/// unless TF_CUDA_PARTS=0 (the same bits every way: tests). k and v keep their pair's k split.
 pub fn pairKv(model: *GpuModel, gqa: *GpuGqa, diag: *Diagnostic) Error!void {
     if (!core.switches.off("TF_CUDA_KV_PAIR")) gqa.kv_pair = try model.pairTable(&gqa.k, &gqa.v, diag);
+    const kv_entries: usize = if (gqa.kv_pair != 0) 2 else 1;
+    gqa.qkv = linear_parts.partsOf(&.{ &gqa.q, &gqa.k, &gqa.v }, &.{ 1, kv_entries, kv_entries });
 }
 
 /// out (model.projected) = o_proj(attention(model.normed)); `layer`: its index among GQA layers,
 /// the cache's layer.
 pub fn attention(model: *GpuModel, k: K.Kernels, block: *const GpuGqa, layer: usize, rows: usize) Error!void {
     const c = model.config;
-    try model.runLinear(k, &block.q, model.normed, model.q, rows, 0);
     // v's rows follow k's, as a pair launch writes them.
     const v = model.k + rows * block.k.out_features * @sizeOf(f32);
-    if (block.kv_pair != 0) {
-        try model.runPair(k, &block.k, &block.v, block.kv_pair, model.normed, model.k, rows);
-    } else {
-        try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
-        try model.runLinear(k, &block.v, model.normed, v, rows, 0);
+    if (!try linear_parts.runParts(model, k, block.qkv, model.normed, &.{ model.q, model.k, v }, rows)) {
+        try model.runLinear(k, &block.q, model.normed, model.q, rows, 0);
+        if (block.kv_pair != 0) {
+            try model.runPair(k, &block.k, &block.v, block.kv_pair, model.normed, model.k, rows);
+        } else {
+            try model.runLinear(k, &block.k, model.normed, model.k, rows, 0);
+            try model.runLinear(k, &block.v, model.normed, v, rows, 0);
+        }
     }
     const kv: K.Kernels.PagedKv = .{
         .cache_k = model.cache_k,

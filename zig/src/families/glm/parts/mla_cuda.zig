@@ -13,6 +13,7 @@ const config_mod = @import("../config.zig");
 const Mla = @import("mla.zig").Mla;
 const linear_cuda = @import("linear_cuda.zig");
 const dsa_cuda = @import("dsa_cuda.zig");
+const linear_parts = @import("linear_parts_cuda.zig");
 const GpuModel = model_mod.GpuModel;
 const Error = model_mod.Error;
 const Diagnostic = core.Diagnostic;
@@ -29,6 +30,8 @@ pub const GpuMla = struct {
     q: ?GpuLinear,
     kv_a: GpuLinear,
     kv_a_norm: Ptr,
+    /// q_a and kv_a as one launch for a decode step's rows (linear_parts_cuda.zig), or null.
+    q_kv_a: ?linear_parts.Parts = null,
     /// (heads, nope, kv_lora) and (heads, kv_lora, v), f16 or f32.
     wuk: M.Kernels.Weights,
     wuv_t: M.Kernels.Weights,
@@ -86,7 +89,7 @@ pub fn upload(model: *GpuModel, source: *const Mla, diag: *Diagnostic) Error!Gpu
             for (0..m.kv_lora_rank) |lane| wuv_t[(h * m.kv_lora_rank + lane) * m.v_dim + j] = rows[(m.nope_dim + j) * m.kv_lora_rank + lane];
         }
     }
-    return .{
+    var mla: GpuMla = .{
         .q_a = if (source.q_a) |*l| try model.uploadLinear(l, diag) else null,
         .q_a_norm = if (source.q_a != null) try model.putF32(source.q_a_norm, diag) else 0,
         .q_b = if (source.q_b) |*l| try model.uploadLinear(l, diag) else null,
@@ -103,6 +106,8 @@ pub fn upload(model: *GpuModel, source: *const Mla, diag: *Diagnostic) Error!Gpu
         else
             null,
     };
+    if (mla.q_a) |*q_a| mla.q_kv_a = linear_parts.partsOf(&.{ q_a, &mla.kv_a }, &.{ 1, 1 });
+    return mla;
 }
 
 /// A head product's weights on the device: f16 when every value converts exactly, which halves
@@ -155,12 +160,15 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
     const mk: M.Kernels = .{ .gpu = &model.gpu, .module = &model.mla_module.?, .diag = k.diag };
     if (mla.q) |*q| {
         try model.runLinear(k, q, model.normed, b.q, rows, 0);
+        try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
     } else {
-        try model.runLinear(k, &mla.q_a.?, model.normed, b.q_latent_raw, rows, 0);
+        if (!try linear_parts.runParts(model, k, mla.q_kv_a, model.normed, &.{ b.q_latent_raw, b.kv }, rows)) {
+            try model.runLinear(k, &mla.q_a.?, model.normed, b.q_latent_raw, rows, 0);
+            try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
+        }
         try k.rmsnorm(b.q_latent_raw, mla.q_a_norm, b.q_latent, rows, m.q_lora_rank, m.latent_eps);
         try model.runLinear(k, &mla.q_b.?, b.q_latent, b.q, rows, 0);
     }
-    try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
     const paged: M.Paged = .{
         .cache = b.cache,
         .dtype = model.limits.kv_dtype,

@@ -1,0 +1,112 @@
+//! The host half of glm_forward.cu's tf_exl3_parts_linear: up to parts_max EXL3 linears on the same
+//! input rows in one GEMV launch (q with k and v, q_a with kv_a), each part run as its own launch
+//! would run it (its width, its k split, its own partial sums and counters), so that every output
+//! keeps that launch's bits. A decode row's small projections were a launch each, ~8 us of fixed
+//! cost apiece against 1-3 us of weights (the step timeline, docs/measurements.md).
+const std = @import("std");
+const gpu_mod = @import("gpu.zig");
+const glm = @import("glm_kernels.zig");
+const gemv_splits = @import("gemv_splits.zig");
+const Ptr = gpu_mod.DevicePtr;
+const Error = gpu_mod.Error;
+
+pub const parts_max = 3;
+/// The rows one launch takes: the item path's. From 4 rows a single weight takes the grouped path,
+/// whose decoded tiles serve several rows (its bits are the item path's).
+pub const rows_max = 3;
+
+/// LinearParts in glm_forward.cu, field for field.
+pub const LinearParts = extern struct {
+    layer: [parts_max]glm.Exl3Layer,
+    y: [parts_max]Ptr,
+    partial: [parts_max]Ptr,
+    counters: [parts_max]Ptr,
+    first_place: [parts_max]c_int,
+    n_p: [parts_max]c_int,
+    out_features: [parts_max]c_int,
+    split_tiles: [parts_max]c_int,
+    splits: [parts_max]c_int,
+};
+
+comptime {
+    std.debug.assert(@sizeOf(LinearParts) == 232); // static_assert'ed in glm_forward.cu too
+}
+
+/// One part: its table entry and shape; `entries`, the table entries of the launch it stands for
+/// (2 for a member of a pair: the k split follows the table, gemv_splits.zig); its outputs at y.
+pub const Part = struct { layer: glm.Exl3Layer, n_p: usize, out_features: usize, entries: usize, y: Ptr = 0 };
+
+pub const Call = struct {
+    x: Ptr,
+    /// A prompt step's row table (-1: the prompt kernels take the row), or 0: every row.
+    live_rows: Ptr = 0,
+    rows: usize,
+    in_features: usize,
+    k_p: usize,
+    bits2: u8,
+    codebook: u8,
+    acc: Ptr,
+    counters: Ptr,
+};
+
+pub const Scratch = struct { partials: usize, counters: usize };
+
+/// The partial sums (floats) and completion counters a launch of `rows` rows needs.
+pub fn scratch(k_p: usize, parts: []const Part, rows: usize) Scratch {
+    var partials: usize = 0;
+    var counters: usize = 0;
+    for (parts) |part| {
+        partials += gemv_splits.splitsFor(k_p, part.n_p, part.entries) * rows * part.n_p;
+        counters += rows * (part.n_p / 128);
+    }
+    return .{ .partials = partials, .counters = counters };
+}
+
+pub fn run(k: glm.Kernels, c: Call, parts: []const Part) Error!void {
+    std.debug.assert(parts.len >= 2 and parts.len <= parts_max and c.rows >= 1 and c.rows <= rows_max and c.acc % 16 == 0);
+    var d = std.mem.zeroes(LinearParts);
+    var place: usize = 0;
+    var partial_at: usize = 0;
+    var counter_at: usize = 0;
+    var bytes: u64 = 0;
+    for (0..parts_max) |i| {
+        d.first_place[i] = @intCast(place); // an absent part's: past every block
+        if (i >= parts.len) continue;
+        const part = parts[i];
+        std.debug.assert(part.n_p % 128 == 0);
+        const splits = gemv_splits.splitsFor(c.k_p, part.n_p, part.entries);
+        d.layer[i] = part.layer;
+        d.y[i] = part.y;
+        d.partial[i] = c.acc + partial_at * @sizeOf(f32);
+        d.counters[i] = c.counters + counter_at * @sizeOf(u32);
+        d.n_p[i] = @intCast(part.n_p);
+        d.out_features[i] = @intCast(part.out_features);
+        d.split_tiles[i] = @intCast(gemv_splits.splitTiles(c.k_p, part.n_p, part.entries));
+        d.splits[i] = @intCast(splits);
+        place += part.n_p / 128 * splits;
+        partial_at += splits * c.rows * part.n_p;
+        counter_at += c.rows * (part.n_p / 128);
+        bytes += glm.exl3EntryBytes(c.k_p, part.n_p, c.bits2);
+    }
+    k.gpu.noteReads(bytes);
+    const values = .{
+        c.x,                                 c.live_rows,                 d,                   @as(c_int, @intCast(c.rows)),
+        @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.k_p)), @as(c_int, c.bits2), @as(c_int, c.codebook),
+    };
+    try gpu_mod.launchValues(k.gpu, k.module.function("tf_exl3_parts_linear"), .{
+        .grid = .{ @intCast(place), 1, @intCast(c.rows) },
+        .block = .{ 256, 1, 1 },
+    }, values, "launch tf_exl3_parts_linear", k.diag);
+}
+
+test "the parts' scratch is what their launches would need one by one" {
+    // GLM-4.5-Air's q (4096 -> 12288) and its k/v pair (4096 -> 1024 each, the pair's split).
+    const parts = [_]Part{
+        .{ .layer = undefined, .n_p = 12288, .out_features = 12288, .entries = 1 },
+        .{ .layer = undefined, .n_p = 1024, .out_features = 1024, .entries = 2 },
+        .{ .layer = undefined, .n_p = 1024, .out_features = 1024, .entries = 2 },
+    };
+    const need = scratch(4096, &parts, 3);
+    try std.testing.expectEqual(@as(usize, 8 * 3 * 12288 + 2 * 8 * 3 * 1024), need.partials);
+    try std.testing.expectEqual(@as(usize, 3 * 96 + 2 * 3 * 8), need.counters);
+}
