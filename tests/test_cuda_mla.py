@@ -171,3 +171,31 @@ def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypa
     assert together_logprobs == apart_logprobs  # floats compared exactly
     assert np.array_equal(together.view(np.uint32), apart.view(np.uint32))
 
+
+def test_the_indexer_scores_forms_give_the_same_bits(tmp_path):
+    """The DSA indexer scores positions a thread each (tf_dsa_scores) where a chunk's rows and
+    positions make many blocks, four threads each (tf_dsa_scores_lanes) where they make few: the
+    same multiply-adds in the same order. A 500-token prompt through the GLM-5-shaped model (index
+    top-8, 512 positions) in one chunk (the first form: 64 rows of scores at a time) and in 7-row
+    chunks (the second) gives the same logits bit for bit; the timelines show which form ran."""
+    root = mla_models.write_gpu_shaped(tmp_path / "glm_moe_dsa", "glm_moe_dsa")
+    tokens = [int(t) for t in np.random.default_rng(8).integers(3, 300, 500)]
+
+    def run(rows_max, timed_step):
+        with trellisforge.Engine(root, backend="cuda", max_seqs=1, rows_max=rows_max, kv_dtype="f32") as engine:
+            engine.add(tokens, trellisforge.Sampling(max_tokens=1), stop_token_ids=[])
+            names, step = set(), 0
+            while engine.stats()["sequences_live"] or engine.stats()["sequences_waiting"]:
+                if step == timed_step:
+                    engine.time_next_step()
+                engine.step()
+                if step == timed_step:
+                    names = {e["name"] for e in engine.timeline()}
+                step += 1
+            return engine.logits(tokens), names
+
+    wide, wide_names = run(1024, 0)
+    narrow, narrow_names = run(7, 60)  # a 7-row chunk at ~420 positions: 7 x 14 blocks of 32
+    assert "tf_dsa_scores" in wide_names and "tf_dsa_scores_lanes" not in wide_names
+    assert "tf_dsa_scores_lanes" in narrow_names and "tf_dsa_scores" not in narrow_names
+    assert np.array_equal(wide.view(np.uint32), narrow.view(np.uint32))

@@ -12,7 +12,7 @@ constexpr int kWarp = 32;
 constexpr int kIndexHeadDim = 128;  // index_head_dim of every GLM DSA model; the host refuses others
 constexpr int kIndexHeadsMax = 64;
 constexpr int kIndexRope = 64;
-constexpr int kScoreTile = 128;  // positions (threads) per block of tf_dsa_scores
+constexpr int kScoreTile = 128;  // threads per block of tf_dsa_scores
 constexpr int kTopkThreads = 1024;
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -98,33 +98,45 @@ extern "C" __global__ void __launch_bounds__(256) tf_dsa_prepare(
 }
 
 // scores[(row - row_first)·context_max + s] for the row's positions s <= pos, for rows whose context
-// exceeds topk (the others select everything). A thread per position, 128 per block: it reads its
-// key 16 dims at a time and keeps 32 heads' partial dot products in registers (the queries are
-// read from shared memory, the same address across the warp), heads in order; then Σ_h w_h ·
-// ReLU(dot_h · scale). No shuffles: ~2 instructions per multiply-add (a warp per position with a
-// butterfly per head took 168 us for 32k positions on the H200).
-constexpr int kScoreHeads = 32;  // heads per register pass
+// exceeds topk (the others select everything): Σ_h w_h · ReLU(q_h · k_s · scale), each head's dot
+// over the key's 128 dims in order (the key 16 dims at a time with the next 16 in flight, the
+// queries read from shared memory) and the terms added in head order, each one fused
+// multiply-add. Two forms of the same operations, so of the same bits:
+// - tf_dsa_scores, a thread per position, heads in passes of 32 in registers, the sum in the
+//   thread: ~2 instructions per multiply-add and no shuffles (a warp per position with a butterfly
+//   per head took 168 us for 32k positions on the H200);
+// - tf_dsa_scores_lanes, four threads per position, thread j its heads j, j + 4, ..., the ReLU'd
+//   dots left in shared memory for the position's first thread to add: four times the warps (one
+//   row at 8k positions had 256 warps for 528 schedulers), each lane loading the whole key. The
+//   host takes it where the blocks are few (docs/measurements.md).
+// A block takes the rounds of its span (the host caps a row's blocks at kScoreColumns): each block
+// stages the row's queries (16 KB), which a block per round made as many bytes as the keys at 128k.
+constexpr int kScorePassHeads = 32;  // a thread's heads per register pass, one lane per position
+constexpr int kQueryPitch = kIndexHeadDim + 4;  // four lanes' rows of a position fall in distinct banks
 
-extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
-    const float* __restrict__ q, const float* __restrict__ weights, const float* __restrict__ cache,
-    const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables, const uint32_t* __restrict__ table_offsets,
-    float* __restrict__ scores, int row_first, int rows, int heads, int topk, float score_scale, int context_max,
-    int layers, int layer, int page_tokens) {
-    tf_wait_prior_grid();
-    __shared__ __align__(16) float qs[kIndexHeadsMax][kIndexHeadDim];
+template <int kLanes>
+__device__ __forceinline__ void dsa_scores(const float* __restrict__ q, const float* __restrict__ weights, const float* __restrict__ cache,
+                                           const uint32_t* __restrict__ positions, const uint32_t* __restrict__ tables,
+                                           const uint32_t* __restrict__ table_offsets, float* __restrict__ scores, int row_first, int rows,
+                                           int heads, int topk, float score_scale, int context_max, int layers, int layer, int page_tokens) {
+    constexpr int kPositions = kScoreTile / kLanes;  // a round's
+    constexpr int kPassHeads = kLanes == 1 ? kScorePassHeads : kIndexHeadsMax / kLanes;
+    __shared__ __align__(16) float qs[kIndexHeadsMax][kQueryPitch];
     __shared__ float ws[kIndexHeadsMax];
+    __shared__ float terms[kLanes == 1 ? 1 : kPositions][kIndexHeadsMax + 1];
     const int row = row_first + blockIdx.x;
     if (row >= rows) return;
     const int length = static_cast<int>(positions[row]) + 1;
-    const int t0 = blockIdx.y * kScoreTile;
+    const int span = ((context_max + gridDim.y - 1) / gridDim.y + kPositions - 1) / kPositions * kPositions;
+    const int t0 = blockIdx.y * span;
     if (length <= topk || t0 >= length) return;
     {
         // Every load of the row's queries issued before any is stored: one at a time, a thread's 32
         // were as many L2 round trips ahead of the first multiply-add.
         constexpr int kStaged = kIndexHeadsMax * kIndexHeadDim / 4 / kScoreTile;
+        constexpr int kRow4 = kIndexHeadDim / 4;
         const float4* q4 = reinterpret_cast<const float4*>(q + static_cast<size_t>(row) * heads * kIndexHeadDim);
-        float4* qs4 = reinterpret_cast<float4*>(&qs[0][0]);
-        const int n4 = heads * kIndexHeadDim / 4;
+        const int n4 = heads * kRow4;
         float4 staged[kStaged];
 #pragma unroll
         for (int j = 0; j < kStaged; ++j) {
@@ -135,60 +147,105 @@ extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(
 #pragma unroll
         for (int j = 0; j < kStaged; ++j) {
             const int i = threadIdx.x + j * kScoreTile;
-            if (i < n4) qs4[i] = staged[j];
+            if (i < n4) *reinterpret_cast<float4*>(&qs[i / kRow4][4 * (i % kRow4)]) = staged[j];
         }
     }
     __syncthreads();
-    const int t = t0 + threadIdx.x;
-    if (t >= length) return;
+    const int position = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
     const uint32_t* table = tables + table_offsets[row];
-    const float4* key = reinterpret_cast<const float4*>(
-        cache + ((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * page_tokens + t % page_tokens) * kIndexHeadDim);
-    float total = 0.f;
-    for (int h0 = 0; h0 < heads; h0 += kScoreHeads) {
-        float dot[kScoreHeads] = {};
-        // The key's next 16 dims in flight while these are multiplied.
-        float4 k4[4], next[4];
+    const int end = min(t0 + span, length);
+    for (int base = t0; base < end; base += kPositions) {
+        const int t = base + position;
+        float total = 0.f;
+        if (t < end) {
+            const float4* key = reinterpret_cast<const float4*>(
+                cache + ((static_cast<size_t>(table[t / page_tokens]) * layers + layer) * page_tokens + t % page_tokens) * kIndexHeadDim);
+            for (int h0 = 0; h0 < heads; h0 += kLanes * kPassHeads) {
+                float dot[kPassHeads] = {};
+                float4 k4[4], next[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) k4[c] = __ldg(key + c);
-        for (int d = 0; d < kIndexHeadDim; d += 16) {
-            if (d + 16 < kIndexHeadDim) {
+                for (int c = 0; c < 4; ++c) k4[c] = __ldg(key + c);
+                for (int d = 0; d < kIndexHeadDim; d += 16) {
+                    if (d + 16 < kIndexHeadDim) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) next[c] = __ldg(key + (d + 16) / 4 + c);
-            }
+                        for (int c = 0; c < 4; ++c) next[c] = __ldg(key + (d + 16) / 4 + c);
+                    }
 #pragma unroll
-            for (int hh = 0; hh < kScoreHeads; ++hh) {
-                if (h0 + hh >= heads) break;
+                    for (int j = 0; j < kPassHeads; ++j) {
+                        const int h = h0 + lane + j * kLanes;
+                        if (h >= heads) break;
 #pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const float4 a = *reinterpret_cast<const float4*>(&qs[h0 + hh][d + 4 * c]);
-                    dot[hh] = fmaf(a.x, k4[c].x, dot[hh]); dot[hh] = fmaf(a.y, k4[c].y, dot[hh]);
-                    dot[hh] = fmaf(a.z, k4[c].z, dot[hh]); dot[hh] = fmaf(a.w, k4[c].w, dot[hh]);
+                        for (int c = 0; c < 4; ++c) {
+                            const float4 a = *reinterpret_cast<const float4*>(&qs[h][d + 4 * c]);
+                            dot[j] = fmaf(a.x, k4[c].x, dot[j]); dot[j] = fmaf(a.y, k4[c].y, dot[j]);
+                            dot[j] = fmaf(a.z, k4[c].z, dot[j]); dot[j] = fmaf(a.w, k4[c].w, dot[j]);
+                        }
+                    }
+                    if (d + 16 < kIndexHeadDim) {
+#pragma unroll
+                        for (int c = 0; c < 4; ++c) k4[c] = next[c];
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < kPassHeads; ++j) {
+                    const int h = h0 + lane + j * kLanes;
+                    if (h >= heads) break;
+                    const float relu = fmaxf(dot[j] * score_scale, 0.f);
+                    if constexpr (kLanes == 1) total = fmaf(ws[h], relu, total);
+                    else terms[position][h] = relu;
                 }
             }
-            if (d + 16 < kIndexHeadDim) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) k4[c] = next[c];
-            }
         }
-#pragma unroll
-        for (int hh = 0; hh < kScoreHeads; ++hh)
-            if (h0 + hh < heads) total += ws[h0 + hh] * fmaxf(dot[hh] * score_scale, 0.f);
+        if constexpr (kLanes == 1) {
+            if (t < end) scores[static_cast<size_t>(blockIdx.x) * context_max + t] = total;
+        } else {
+            __syncthreads();
+            if (lane == 0 && t < end) {
+                for (int h = 0; h < heads; ++h) total = fmaf(ws[h], terms[position][h], total);
+                scores[static_cast<size_t>(blockIdx.x) * context_max + t] = total;
+            }
+            __syncthreads();  // the terms are read before the next round writes them
+        }
     }
-    scores[static_cast<size_t>(blockIdx.x) * context_max + t] = total;
 }
+
+#define TF_DSA_SCORES_ARGS                                                                                                                   \
+    const float *__restrict__ q, const float *__restrict__ weights, const float *__restrict__ cache, const uint32_t *__restrict__ positions, \
+        const uint32_t *__restrict__ tables, const uint32_t *__restrict__ table_offsets, float *__restrict__ scores, int row_first, int rows, \
+        int heads, int topk, float score_scale, int context_max, int layers, int layer, int page_tokens
+#define TF_DSA_SCORES_PASS \
+    q, weights, cache, positions, tables, table_offsets, scores, row_first, rows, heads, topk, score_scale, context_max, layers, layer, page_tokens
+extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores(TF_DSA_SCORES_ARGS) {
+    tf_wait_prior_grid();
+    dsa_scores<1>(TF_DSA_SCORES_PASS);
+}
+extern "C" __global__ void __launch_bounds__(kScoreTile) tf_dsa_scores_lanes(TF_DSA_SCORES_ARGS) {
+    tf_wait_prior_grid();
+    dsa_scores<4>(TF_DSA_SCORES_PASS);
+}
+#undef TF_DSA_SCORES_ARGS
+#undef TF_DSA_SCORES_PASS
 
 // Each row's selection: its topk best candidates (ties to the earlier), ascending, into
 // selected[row·topk ..] and their count; a row with at most topk takes them all. Candidates are
 // positions 0..pos, or with `pool` > 1 the complete pools of `pool` positions that end at or before
-// pos (kpool.cu scores them). A block per row: a radix select of the topk-th key (four 8-bit
+// pos (kpool.cu scores them). A block per row: a radix select of the topk-th key (up to four 8-bit
 // passes), then an ordered compaction. A thread reads its keys kTopkBatch at a time, every load
-// issued before any is used (one at a time, each was an L2 round trip: at 8k positions 8 a pass),
-// and a pass's bin is found by a scan of the histogram over the block, where one thread walked
-// the bins down one by one.
+// issued before any is used, and a pass's bin is found by a scan of the histogram over the block.
+// A row of at most kTopkHeld keys is staged in shared memory once (each of the up to six reads
+// had been an L2 round trip). A warp with no key in the pass's bin skips the pass's match (after
+// the first pass most do), and the passes stop once the bin's keys are exactly those still to
+// take: the later passes would only split a bin that is taken whole.
 constexpr int kTopkBatch = 8;
+constexpr int kTopkHeld = 11264;  // 44 KB: an 8k context and its next 3k generated rows, under the 48 KB of static shared memory
 
-extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
+// sm_8x: the compiler's choice (32 registers) spilled; one block per SM is what a row takes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define TF_TOPK_BOUNDS __launch_bounds__(kTopkThreads, 1)
+#else
+#define TF_TOPK_BOUNDS __launch_bounds__(kTopkThreads)
+#endif
+extern "C" __global__ void TF_TOPK_BOUNDS tf_dsa_topk(
     const float* __restrict__ scores, const uint32_t* __restrict__ positions, uint32_t* __restrict__ selected,
     uint32_t* __restrict__ counts, int row_first, int rows, int topk, int context_max, int pool) {
     tf_wait_prior_grid();
@@ -196,6 +253,8 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
     __shared__ int scan[kTopkThreads / kWarp];
     __shared__ uint32_t chosen_prefix;
     __shared__ int chosen_left;
+    __shared__ bool chosen_whole;
+    __shared__ float held[kTopkHeld];
     const int row = row_first + blockIdx.x;
     if (row >= rows) return;
     const int length = (static_cast<int>(positions[row]) + 1) / pool;
@@ -206,6 +265,18 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
         return;
     }
     const float* row_scores = scores + static_cast<size_t>(blockIdx.x) * context_max;
+    if (length <= kTopkHeld) {
+        for (int base = threadIdx.x; base < length; base += kTopkBatch * kTopkThreads) {
+            float v[kTopkBatch];
+#pragma unroll
+            for (int j = 0; j < kTopkBatch; ++j) v[j] = base + j * kTopkThreads < length ? row_scores[base + j * kTopkThreads] : 0.f;
+#pragma unroll
+            for (int j = 0; j < kTopkBatch; ++j)
+                if (base + j * kTopkThreads < length) held[base + j * kTopkThreads] = v[j];
+        }
+        __syncthreads();
+        row_scores = held;  // a generic pointer: the same loads below read shared memory
+    }
     // The topk-th largest key, byte by byte from the top; `left`: how many of the keys equal to it
     // (in their prefix so far) are still to take.
     uint32_t prefix = 0, mask = 0;
@@ -224,6 +295,7 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
             for (int j = 0; j < kTopkBatch; ++j) {
                 // One atomic per distinct bin in the warp: tied keys (ReLU zeros) would serialize.
                 const bool live = base + j * kTopkThreads < length && (keys[j] & mask) == prefix;
+                if (!__any_sync(__activemask(), live)) continue;
                 const int bin = live ? static_cast<int>((keys[j] >> shift) & 0xFF) : -1;
                 const uint32_t peers = __match_any_sync(__activemask(), bin);
                 if (bin >= 0 && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
@@ -240,19 +312,22 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads) tf_dsa_topk(
         if (bin >= 0 && above < left && (bin == 0 || above + here >= left)) {
             chosen_prefix = prefix | (static_cast<uint32_t>(bin) << shift);
             chosen_left = left - above;
+            chosen_whole = above + here == left;
         }
         __syncthreads();
         prefix = chosen_prefix;
         left = chosen_left;
         mask |= 0xFFu << shift;
+        if (chosen_whole) break;  // every key of the bin is taken: `left` is its count
     }
     // Keys above the threshold all, then the first `left` equal ones, in position order: each
     // thread a run of positions, counted, then written from its offset (two block scans in all).
+    // Keys compare by their bytes decided so far (all four unless the passes stopped early).
     const int run = (length + blockDim.x - 1) / blockDim.x;
     const int first = min(static_cast<int>(threadIdx.x) * run, length), last = min(first + run, length);
     const auto batch = [&](int t0, uint32_t (&keys)[kTopkBatch]) {
 #pragma unroll
-        for (int j = 0; j < kTopkBatch; ++j) keys[j] = t0 + j < last ? order_key(row_scores[t0 + j]) : 0u;
+        for (int j = 0; j < kTopkBatch; ++j) keys[j] = t0 + j < last ? order_key(row_scores[t0 + j]) & mask : 0u;
     };
     int above = 0, equal = 0;
     for (int t0 = first; t0 < last; t0 += kTopkBatch) {

@@ -9,7 +9,7 @@ const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
-pub const Module = gpu_mod.Module(&.{ "tf_dsa_prepare", "tf_dsa_scores", "tf_dsa_topk" });
+pub const Module = gpu_mod.Module(&.{ "tf_dsa_prepare", "tf_dsa_scores", "tf_dsa_scores_lanes", "tf_dsa_topk" });
 
 /// The shapes dsa.cu is built for (kIndexHeadDim, kIndexHeadsMax, kIndexRope).
 pub const head_dim = 128;
@@ -19,7 +19,15 @@ pub const rope = 64;
 /// score_rows x context_max floats, whatever the step's rows (a 1024-row chunk at a 128k context
 /// would need 512 MB at once).
 pub const score_rows = 64;
-const score_tile = 128;
+/// The scores' threads per block (kScoreTile), and a row's blocks at most (a block then takes
+/// several rounds of positions: a round is 128 positions, a thread each, or 32 with four lanes).
+const score_threads = 128;
+const score_columns = 512;
+/// The four-lanes form (tf_dsa_scores_lanes) where a chunk's rows x rounds of 32 make at most this
+/// many blocks: there it gives four times the warps (one row at 8k: 36.6 -> 25.5 us with the
+/// top-k); with more blocks each lane's loads of the whole key cost more than the warps give (one
+/// row at 128k: 330 -> 347 us). H200, docs/measurements.md.
+const lanes_blocks_max = 512;
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
     return Module.load(gpu, kernels.dsa, "dsa", diag);
@@ -74,8 +82,13 @@ pub const Kernels = struct {
             };
             var ptrs: [a.len]?*anyopaque = undefined;
             inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-            const tiles: u32 = @intCast(std.math.divCeil(usize, context_max, score_tile) catch unreachable);
-            try k.run("tf_dsa_scores", .{ @intCast(chunk), tiles, 1 }, score_tile, ptrs);
+            const lane_rounds = std.math.divCeil(usize, context_max, 32) catch unreachable;
+            if (chunk * lane_rounds <= lanes_blocks_max) {
+                try k.run("tf_dsa_scores_lanes", .{ @intCast(chunk), @intCast(@min(lane_rounds, score_columns)), 1 }, score_threads, ptrs);
+            } else {
+                const rounds = std.math.divCeil(usize, context_max, 128) catch unreachable;
+                try k.run("tf_dsa_scores", .{ @intCast(chunk), @intCast(@min(rounds, score_columns)), 1 }, score_threads, ptrs);
+            }
             try k.topk(scores, p.positions, selection.selected, selection.counts, first, chunk, p.rows, selection.topk, context_max, 1);
         }
     }
