@@ -138,8 +138,9 @@ def test_head_products_on_f16_weights_keep_the_bits(model_type, tmp_path, monkey
 @pytest.mark.parametrize("model_type", ["glm4_moe_lite", "glm_moe_dsa"])
 def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypatch):
     """A decode step's rows run q_a_proj and kv_a_proj_with_mqa (EXL3, one input) as one GEMV
-    launch, tf_exl3_parts_linear, each part with the k split of its own launch; TF_CUDA_PARTS=0
-    runs them apart. One, two and three streams' sampled log-probabilities through replayed graphs
+    launch, tf_exl3_parts_linear, and in a layer running its DSA indexer q_b_proj with the
+    indexer's wq_b (both on the normed q latent), each part with the k split of its own launch;
+    TF_CUDA_PARTS=0 runs them apart. One, two and three streams' sampled log-probabilities through replayed graphs
     (and the prompt's logits) are the same bits, and the timelines show which launches ran."""
     root = mla_models.write_gpu_shaped(tmp_path / model_type, model_type)
     prompts = [[int(t) for t in np.random.default_rng(seed).integers(3, 300, 20 + 7 * seed)] for seed in range(3)]
@@ -157,16 +158,21 @@ def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypa
                     events = engine.step()
                     logprobs += [(streams, ids.index(e.sequence_id), e.logprob) for e in events]
                     if step == 2:
-                        names |= {e["name"] for e in engine.timeline() if e["part"] == "attention"}
+                        launched = [e["name"] for e in engine.timeline()]
+                        names |= set(launched)
+                        parts_launches = launched.count("tf_exl3_parts_linear")
                     step += 1
             assert engine.stats()["graph_replays"] > 0
             logits = engine.logits(prompts[0])
-        return logits, logprobs, names
+        return logits, logprobs, names, parts_launches
 
-    together, together_logprobs, together_names = run()
+    together, together_logprobs, together_names, launches = run()
     monkeypatch.setenv("TF_CUDA_PARTS", "0")
-    apart, apart_logprobs, apart_names = run()
+    apart, apart_logprobs, apart_names, _ = run()
     assert "tf_exl3_parts_linear" in together_names and "tf_exl3_parts_linear" not in apart_names
+    layers = json.loads((root / "config.json").read_text())["num_hidden_layers"]
+    # Each layer's q_a/kv_a launch, and where the indexer runs (every layer here) its q_b/wq_b.
+    assert launches == (2 * layers if model_type == "glm_moe_dsa" else layers), launches
     assert len(together_logprobs) == 5 * 6
     assert together_logprobs == apart_logprobs  # floats compared exactly
     assert np.array_equal(together.view(np.uint32), apart.view(np.uint32))

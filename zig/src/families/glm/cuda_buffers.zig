@@ -210,6 +210,7 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
             .mla => |*a| {
                 for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max);
                 Need.parts(&need, a.q_kv_a, l.rows_max);
+                Need.parts(&need, a.q_b_wq_b, l.rows_max);
             },
             .kda => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
         }

@@ -106,14 +106,15 @@ pub fn selection(model: *const GpuModel) M.Selection {
 }
 
 /// Every row's selection for this layer (`layer`: its index among full indexers); the normed q
-/// latent is in model.mla's buffers.
-pub fn select(model: *GpuModel, k: K.Kernels, indexer: *const GpuIndexer, layer: usize, rows: usize) Error!M.Selection {
+/// latent is in model.mla's buffers, and with `wq_b_done` its projection is already in the
+/// indexer's (one launch with q_b: mla_cuda.zig).
+pub fn select(model: *GpuModel, k: K.Kernels, indexer: *const GpuIndexer, layer: usize, rows: usize, wq_b_done: bool) Error!M.Selection {
     const c = model.config;
     const ix = c.indexer;
     const b = model.dsa.?;
     const dk: D.Kernels = .{ .gpu = &model.gpu, .module = &model.dsa_module.?, .diag = k.diag };
+    if (!wq_b_done) try model.runLinear(k, &indexer.wq_b, model.mla.?.q_latent, b.q, rows, 0);
     if (indexer.pooled != null) return selectPooled(model, k, dk, indexer, layer, rows);
-    try model.runLinear(k, &indexer.wq_b, model.mla.?.q_latent, b.q, rows, 0);
     try model.runLinear(k, &indexer.wk, model.normed, b.key, rows, 0);
     try model.runLinear(k, &indexer.weights_proj, model.normed, b.weights, rows, 0);
     const paged = keyCache(model, layer, rows);
@@ -145,7 +146,6 @@ fn selectPooled(model: *GpuModel, k: K.Kernels, dk: D.Kernels, indexer: *const G
     const b = model.dsa.?;
     const pooled = indexer.pooled.?;
     const kp: KP.Kernels = .{ .gpu = &model.gpu, .module = &model.kpool_module.?, .diag = k.diag };
-    try model.runLinear(k, &indexer.wq_b, model.mla.?.q_latent, b.q, rows, 0);
     try model.runLinear(k, &indexer.wk, model.normed, b.key, rows, 0);
     try model.runLinear(k, &indexer.weights_proj, model.normed, b.weights, rows, 0);
     try model.runLinear(k, &pooled.gate, model.normed, b.gates, rows, 0);

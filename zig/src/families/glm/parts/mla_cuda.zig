@@ -30,8 +30,10 @@ pub const GpuMla = struct {
     q: ?GpuLinear,
     kv_a: GpuLinear,
     kv_a_norm: Ptr,
-    /// q_a and kv_a as one launch for a decode step's rows (linear_parts_cuda.zig), or null.
+    /// q_a and kv_a as one launch for a decode step's rows (linear_parts_cuda.zig), and q_b with
+    /// the indexer's wq_b (both read the normed q latent), or null.
     q_kv_a: ?linear_parts.Parts = null,
+    q_b_wq_b: ?linear_parts.Parts = null,
     /// (heads, nope, kv_lora) and (heads, kv_lora, v), f16 or f32.
     wuk: M.Kernels.Weights,
     wuv_t: M.Kernels.Weights,
@@ -107,6 +109,9 @@ pub fn upload(model: *GpuModel, source: *const Mla, diag: *Diagnostic) Error!Gpu
             null,
     };
     if (mla.q_a) |*q_a| mla.q_kv_a = linear_parts.partsOf(&.{ q_a, &mla.kv_a }, &.{ 1, 1 });
+    if (mla.q_b) |*q_b| if (mla.indexer) |*ix| {
+        mla.q_b_wq_b = linear_parts.partsOf(&.{ q_b, &ix.wq_b }, &.{ 1, 1 });
+    };
     return mla;
 }
 
@@ -158,6 +163,7 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
     const m = c.mla;
     const b = model.mla.?;
     const mk: M.Kernels = .{ .gpu = &model.gpu, .module = &model.mla_module.?, .diag = k.diag };
+    var wq_b_done = false;
     if (mla.q) |*q| {
         try model.runLinear(k, q, model.normed, b.q, rows, 0);
         try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
@@ -167,7 +173,9 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
             try model.runLinear(k, &mla.kv_a, model.normed, b.kv, rows, 0);
         }
         try k.rmsnorm(b.q_latent_raw, mla.q_a_norm, b.q_latent, rows, m.q_lora_rank, m.latent_eps);
-        try model.runLinear(k, &mla.q_b.?, b.q_latent, b.q, rows, 0);
+        // A layer that runs its indexer: q_b and wq_b in one launch, the indexer told so.
+        if (plan.indexer == .full) wq_b_done = try linear_parts.runParts(model, k, mla.q_b_wq_b, b.q_latent, &.{ b.q, model.dsa.?.q }, rows);
+        if (!wq_b_done) try model.runLinear(k, &mla.q_b.?, b.q_latent, b.q, rows, 0);
     }
     const paged: M.Paged = .{
         .cache = b.cache,
@@ -185,7 +193,7 @@ pub fn attention(model: *GpuModel, k: K.Kernels, mla: *const GpuMla, plan: confi
     var selection: M.Selection = .{};
     switch (plan.indexer) {
         .none => {},
-        .full => selection = try dsa_cuda.select(model, k, &mla.indexer.?, at.index, rows),
+        .full => selection = try dsa_cuda.select(model, k, &mla.indexer.?, at.index, rows, wq_b_done),
         .shared => selection = dsa_cuda.selection(model),
     }
     try mk.absorb(b.q, mla.wuk, b.q_lat, rows, c.heads, m.qkDim(), m.nope_dim);
