@@ -51,50 +51,50 @@ pub const Call = struct {
 
 pub const Scratch = struct { partials: usize, counters: usize };
 
+/// Where each part's blocks, partial sums and counters lie in one launch of `rows` rows (acc and
+/// counters the scratch's bases), and how much scratch that takes: one walk for the launch and
+/// for the buffers' sizing, so the two cannot part.
+const Layout = struct { d: LinearParts, places: usize, bytes: u64, scratch: Scratch };
+
+fn layout(k_p: usize, bits2: u8, parts: []const Part, rows: usize, acc: Ptr, counters: Ptr) Layout {
+    var l: Layout = .{ .d = std.mem.zeroes(LinearParts), .places = 0, .bytes = 0, .scratch = .{ .partials = 0, .counters = 0 } };
+    for (0..parts_max) |i| {
+        l.d.first_place[i] = @intCast(l.places); // an absent part's: past every block
+        if (i >= parts.len) continue;
+        const part = parts[i];
+        std.debug.assert(part.n_p % 128 == 0);
+        const splits = gemv_splits.splitsFor(k_p, part.n_p, part.entries);
+        l.d.layer[i] = part.layer;
+        l.d.y[i] = part.y;
+        l.d.partial[i] = acc + l.scratch.partials * @sizeOf(f32);
+        l.d.counters[i] = counters + l.scratch.counters * @sizeOf(u32);
+        l.d.n_p[i] = @intCast(part.n_p);
+        l.d.out_features[i] = @intCast(part.out_features);
+        l.d.split_tiles[i] = @intCast(gemv_splits.splitTiles(k_p, part.n_p, part.entries));
+        l.d.splits[i] = @intCast(splits);
+        l.places += part.n_p / 128 * splits;
+        l.scratch.partials += splits * rows * part.n_p;
+        l.scratch.counters += rows * (part.n_p / 128);
+        l.bytes += glm.exl3EntryBytes(k_p, part.n_p, bits2);
+    }
+    return l;
+}
+
 /// The partial sums (floats) and completion counters a launch of `rows` rows needs.
 pub fn scratch(k_p: usize, parts: []const Part, rows: usize) Scratch {
-    var partials: usize = 0;
-    var counters: usize = 0;
-    for (parts) |part| {
-        partials += gemv_splits.splitsFor(k_p, part.n_p, part.entries) * rows * part.n_p;
-        counters += rows * (part.n_p / 128);
-    }
-    return .{ .partials = partials, .counters = counters };
+    return layout(k_p, 0, parts, rows, 0, 0).scratch;
 }
 
 pub fn run(k: glm.Kernels, c: Call, parts: []const Part) Error!void {
     std.debug.assert(parts.len >= 2 and parts.len <= parts_max and c.rows >= 1 and c.rows <= rows_max and c.acc % 16 == 0);
-    var d = std.mem.zeroes(LinearParts);
-    var place: usize = 0;
-    var partial_at: usize = 0;
-    var counter_at: usize = 0;
-    var bytes: u64 = 0;
-    for (0..parts_max) |i| {
-        d.first_place[i] = @intCast(place); // an absent part's: past every block
-        if (i >= parts.len) continue;
-        const part = parts[i];
-        std.debug.assert(part.n_p % 128 == 0);
-        const splits = gemv_splits.splitsFor(c.k_p, part.n_p, part.entries);
-        d.layer[i] = part.layer;
-        d.y[i] = part.y;
-        d.partial[i] = c.acc + partial_at * @sizeOf(f32);
-        d.counters[i] = c.counters + counter_at * @sizeOf(u32);
-        d.n_p[i] = @intCast(part.n_p);
-        d.out_features[i] = @intCast(part.out_features);
-        d.split_tiles[i] = @intCast(gemv_splits.splitTiles(c.k_p, part.n_p, part.entries));
-        d.splits[i] = @intCast(splits);
-        place += part.n_p / 128 * splits;
-        partial_at += splits * c.rows * part.n_p;
-        counter_at += c.rows * (part.n_p / 128);
-        bytes += glm.exl3EntryBytes(c.k_p, part.n_p, c.bits2);
-    }
-    k.gpu.noteReads(bytes);
+    const l = layout(c.k_p, c.bits2, parts, c.rows, c.acc, c.counters);
+    k.gpu.noteReads(l.bytes);
     const values = .{
-        c.x,                                 c.live_rows,                 d,                   @as(c_int, @intCast(c.rows)),
+        c.x,                                 c.live_rows,                 l.d,                 @as(c_int, @intCast(c.rows)),
         @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.k_p)), @as(c_int, c.bits2), @as(c_int, c.codebook),
     };
     try gpu_mod.launchValues(k.gpu, k.module.function("tf_exl3_parts_linear"), .{
-        .grid = .{ @intCast(place), 1, @intCast(c.rows) },
+        .grid = .{ @intCast(l.places), 1, @intCast(c.rows) },
         .block = .{ 256, 1, 1 },
     }, values, "launch tf_exl3_parts_linear", k.diag);
 }
@@ -109,4 +109,9 @@ test "the parts' scratch is what their launches would need one by one" {
     const need = scratch(4096, &parts, 3);
     try std.testing.expectEqual(@as(usize, 8 * 3 * 12288 + 2 * 8 * 3 * 1024), need.partials);
     try std.testing.expectEqual(@as(usize, 3 * 96 + 2 * 3 * 8), need.counters);
+    // The launch's blocks: q's 96 column blocks x 8 splits, then k's and v's 8 x 8 each.
+    const l = layout(4096, 6, &parts, 3, 0x1000, 0x2000);
+    try std.testing.expectEqual(@as(usize, 96 * 8 + 2 * 8 * 8), l.places);
+    try std.testing.expectEqualSlices(c_int, &.{ 0, 768, 832 }, &l.d.first_place);
+    try std.testing.expectEqual(@as(Ptr, 0x1000 + 4 * (8 * 3 * 12288 + 8 * 3 * 1024)), l.d.partial[2]);
 }
