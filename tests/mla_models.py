@@ -48,6 +48,9 @@ COMMON_VARIANTS = {
 LITE_VARIANTS = {
     **{name: dict(v) for name, v in COMMON_VARIANTS.items()},
     "no_q_lora": {"q_lora_rank": None},
+    # transformers' yarn_apply_mscale scales the softmax for any rope_type but "default".
+    "llama3_mscale": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "mscale_all_dim": 1.0}},
     "rotate_half": {"rope_interleave": False},
     # Class B's transformers config ignores this: without mlp_layer_types only layer 0 is dense.
     "first_k_dense_replace_ignored": {"first_k_dense_replace": 2},

@@ -1,7 +1,9 @@
 """Config variants the fixtures do not carry, on small random checkpoints written here: q/k RMSNorm,
-group-limited routing, no attention bias, other rotary fractions, tied embeddings, several shared
-experts, an MTP layer to skip, and EXL3 layers of other codebooks. The engine must match the float64
-numpy reference (python/trellisforge/reference/glm.py) on each."""
+group-limited routing, no attention bias, other rotary fractions, the rope types transformers
+computes once (yarn, linear, llama3, proportional), tied embeddings, several shared experts, an MTP
+layer to skip, and EXL3 layers of other codebooks. The engine must match the float64 numpy reference
+(python/trellisforge/reference/glm.py) on each; where transformers is installed, the reference
+matches it on the rope types."""
 from __future__ import annotations
 
 import json
@@ -112,6 +114,46 @@ def test_config_variant_matches_float64_reference(tmp_path, variant):
     within(worst, TOL, f"{variant}: worst position vs float64 reference")
 
 
+ROPE_TYPES = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+    "proportional": {"rope_type": "proportional", "factor": 2.0},
+}
+
+
+def rope_config(kind: str) -> dict:
+    return {**BASE, "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, **ROPE_TYPES[kind]}}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_TYPES))
+def test_rope_type_matches_float64_reference(tmp_path, kind):
+    """Each type's frequencies (and yarn's factor on cos and sin) on both sides; the type moves the
+    logits far beyond the tolerance, so a type read as the default would fail."""
+    model_dir = write_model(tmp_path / kind, rope_config(kind))
+    plain_dir = write_model(tmp_path / "plain", dict(BASE))
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, BASE["vocab_size"], 40)]
+    expected, _ = glm_reference.Model(model_dir).forward(tokens)
+    plain, _ = glm_reference.Model(plain_dir).forward(tokens)
+    assert max(relative_l2(plain[t], expected[t]) for t in range(len(tokens))) > 100 * TOL, f"{kind} changes nothing"
+    ours = trellisforge.Engine(model_dir, max_seqs=2, kv_dtype="f32").logits(tokens)
+    worst = max(relative_l2(ours[t], expected[t]) for t in range(len(tokens)))
+    within(worst, TOL, f"rope_type {kind}: worst position vs float64 reference")
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_TYPES))
+def test_reference_rope_types_match_transformers(tmp_path, kind):
+    pytest.importorskip("torch", reason="torch is not installed (CI): the reference's formulas stand alone")
+    from test_reference_mla import transformers_logits
+    model_dir = write_model(tmp_path / kind, rope_config(kind))
+    model = glm_reference.Model(model_dir)
+    tokens = [int(t) for t in np.random.default_rng(2).integers(0, BASE["vocab_size"], 40)]
+    expected = transformers_logits(model_dir, model, tokens)
+    ours, _ = model.forward(tokens)
+    within(max(relative_l2(ours[t], expected[t]) for t in range(len(tokens))), TOL, f"reference vs transformers, {kind}")
+
+
 @pytest.mark.parametrize("codebook", ["3inst", "mcg", "mul1"])
 def test_exl3_model_of_each_codebook_matches_float64_reference(tmp_path, codebook):
     model_dir = write_model(tmp_path / codebook, dict(BASE), exl3_codebook=codebook, seed=3)
@@ -146,6 +188,9 @@ def test_unsupported_settings_are_refused_by_name(tmp_path):
     for edit, message in [
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_type .longrope. is not supported"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type .dynamic. is not supported"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "rope_parameters.factor"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3 rope needs"),
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
         ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
         ({"n_group": 3}, "multiple of n_group"),

@@ -125,7 +125,7 @@ def test_tensor_parallel_equals_one_rank(fixture):
 
 
 VARIANTS = [("glm4_moe_lite", v) for v in ("plain", "no_q_lora", "other_heads_and_latents", "yarn", "yarn_attention_factor",
-                                             "rotate_half", "group_limited_routing", "mlp_layer_types", "attention_bias",
+                                             "llama3_mscale", "rotate_half", "group_limited_routing", "mlp_layer_types", "attention_bias",
                                              "first_k_dense_replace_ignored", "exl3")] + \
            [("glm_moe_dsa", v) for v in ("plain", "dense_selection", "shared_indexer_layers", "indexer_schedule",
                                           "other_indexer_heads", "rope_flags_ignored", "yarn", "exl3")]

@@ -110,7 +110,8 @@ def test_dsa_with_top_k_covering_the_prompt_is_mla(tmp_path):
     assert relative_l2(sparse[:8], dense[:8]) < 1e-12 and relative_l2(sparse[8:], dense[8:]) > 1e-3
 
 
-TRANSFORMERS_VARIANTS = [("glm4_moe_lite", "no_q_lora"), ("glm4_moe_lite", "yarn"), ("glm4_moe_lite", "exl3"),
+TRANSFORMERS_VARIANTS = [("glm4_moe_lite", "no_q_lora"), ("glm4_moe_lite", "yarn"), ("glm4_moe_lite", "llama3_mscale"),
+                         ("glm4_moe_lite", "exl3"),
                          ("glm_moe_dsa", "shared_indexer_layers"), ("glm_moe_dsa", "yarn_attention_factor")]
 
 

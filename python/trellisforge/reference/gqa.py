@@ -16,13 +16,14 @@ class GroupedQueryAttention:
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         fraction = c.get("partial_rotary_factor", params.get("partial_rotary_factor", 0.5))
-        self.rotary_dim = int(self.head_dim * fraction)
-        theta = c.get("rope_theta", params.get("rope_theta", 10000.0))
-        self.inv_freq = theta ** (-np.arange(self.rotary_dim // 2) * 2.0 / self.rotary_dim)
+        self.rotary_dim = rope.rotated_dims(c, int(self.head_dim * fraction), self.head_dim)
+        # Class A's default partial_rotary_factor is 0.5 (its config's), not transformers' generic 1.0.
+        self.inv_freq, self.attention_factor = rope.frequencies({**c, "partial_rotary_factor": fraction}, self.rotary_dim)
 
     def rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         out = x.copy()
-        out[..., :self.rotary_dim] = rope.rotate(x[..., :self.rotary_dim], positions, self.inv_freq, interleaved=False)
+        out[..., :self.rotary_dim] = rope.rotate(x[..., :self.rotary_dim], positions, self.inv_freq, interleaved=False,
+                                                 attention_factor=self.attention_factor)
         return out
 
     def __call__(self, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:

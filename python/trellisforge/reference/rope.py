@@ -1,6 +1,6 @@
-"""Rotary position embedding for the references: the frequencies (plain or YaRN, as transformers
-5.17 `modeling_rope_utils` computes them) and the two pairings, rotate-half (NeoX) and interleaved
-(GPT-J). GLM.md §3.4."""
+"""Rotary position embedding for the references: the frequencies (plain, YaRN, linear, llama3 or
+proportional, as transformers 5.17 `modeling_rope_utils` computes them) and the two pairings,
+rotate-half (NeoX) and interleaved (GPT-J). GLM.md §3.4."""
 from __future__ import annotations
 
 import math
@@ -23,15 +23,38 @@ def get_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+def rotated_dims(config: dict, dim: int, head_dim: int) -> int:
+    """The dims cos and sin cover: `dim`, or the whole head for "proportional" (whose pairs past
+    its partial_rotary_factor turn with frequency 0)."""
+    return head_dim if parameters(config)["rope_type"] == "proportional" else dim
+
+
 def frequencies(config: dict, dim: int) -> tuple[np.ndarray, float]:
-    """(inv_freq [dim/2], factor on cos and sin) for `dim` rotated dimensions."""
+    """(inv_freq [dim/2], factor on cos and sin) for `dim` rotated dimensions (for "proportional",
+    `dim` is the whole head: rotated_dims)."""
     p = parameters(config)
     base = p["rope_theta"]
     exponents = np.arange(0, dim, 2) / dim
-    if p["rope_type"] == "default":
+    kind = p["rope_type"]
+    if kind == "default":
         return base ** -exponents, 1.0
-    if p["rope_type"] != "yarn":
-        raise NotImplementedError(f"rope_type {p['rope_type']!r}")
+    if kind == "linear":
+        return base ** -exponents / p["factor"], 1.0
+    if kind == "proportional":
+        turning = int(p.get("partial_rotary_factor", 1.0) * dim // 2)
+        inv_freq = np.where(np.arange(dim // 2) < turning, base ** -exponents, 0.0)
+        return inv_freq / p.get("factor", 1.0), 1.0
+    if kind == "llama3":
+        inv_freq = base ** -exponents
+        old = p["original_max_position_embeddings"]
+        low, high = p["low_freq_factor"], p["high_freq_factor"]
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (old / wavelength - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / p["factor"] + smooth * inv_freq
+        return np.where(wavelength > old / low, inv_freq / p["factor"],
+                        np.where(wavelength < old / high, inv_freq, blended)), 1.0
+    if kind != "yarn":
+        raise NotImplementedError(f"rope_type {kind!r}")
     # A top-level original_max_position_embeddings overrides the dict's (transformers' Phi-3 rule).
     original = config.get("original_max_position_embeddings") or p.get("original_max_position_embeddings") \
         or config["max_position_embeddings"]

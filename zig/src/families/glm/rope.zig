@@ -1,6 +1,8 @@
 //! Rotary position embedding as transformers computes it (GLM.md §3.4): frequencies
-//! θ^(-2j/dim) over the rotated dims, optionally YaRN-blended (`rope_type: "yarn"`, which also
-//! scales cos and sin by its attention factor), applied in one of two pairings:
+//! θ^(-2j/dim) over the rotated dims, or one of transformers' static rescalings of them
+//! (`rope_type` "yarn", which also scales cos and sin by its attention factor; "linear";
+//! "llama3"; "proportional", which rotates the whole head with frequency 0 past its pairs), applied
+//! in one of two pairings:
 //! - half (NeoX rotate-half, class A's partial RoPE and MLA with rope_interleave false): dim j pairs
 //!   with j + dim/2 inside the rotated slice; dims past it pass through;
 //! - interleaved (GPT-J, MLA and the DSA indexer): pairs (2j, 2j+1), written back de-interleaved,
@@ -22,28 +24,79 @@ pub const Yarn = struct {
     truncate: bool,
 };
 
+pub const Llama3 = struct {
+    factor: f64,
+    low_freq_factor: f64,
+    high_freq_factor: f64,
+    original_max_position: f64,
+};
+
 pub const Rope = struct {
     /// Rotated dims per head (even; 0: no rotation).
     dim: usize,
     theta: f64,
     style: Style,
     yarn: ?Yarn = null,
+    llama3: ?Llama3 = null,
+    /// "linear" and "proportional" divide every frequency by it.
+    divisor: f64 = 1,
+    /// "proportional": pairs from here on turn with frequency 0, and the exponents are over
+    /// `dim` (the whole head) rather than the rotated pairs.
+    pairs_turning: ?usize = null,
+    /// The `factor` of a rope_type other than "default" (transformers' yarn_apply_mscale reads it
+    /// for MLA's softmax scale whatever the type), else null.
+    factor: ?f64 = null,
     /// cos and sin are scaled by it (transformers' attention_scaling; 1 without YaRN).
     attention_factor: f64 = 1,
 
-    /// The RoPE fields of config.json for heads rotating `dim` dims in `style`.
+    /// The RoPE fields of config.json for heads rotating `dim` dims in `style`; `head_dim` is what
+    /// "proportional" rotates instead (then `rope.dim` is head_dim).
     pub fn parse(f: Fields, dim: usize, style: Style, max_position: usize) Error!Rope {
+        return parseHead(f, dim, dim, style, max_position);
+    }
+
+    pub fn parseHead(f: Fields, dim: usize, head_dim: usize, style: Style, max_position: usize) Error!Rope {
         var rope: Rope = .{ .dim = dim, .theta = try f.ropeNumber("rope_theta", 10000.0), .style = style };
         const parameters = try f.ropeObject() orelse return rope;
         const kind_value = parameters.get("rope_type") orelse parameters.get("type") orelse return rope;
         if (kind_value != .string) return f.wrong("rope_parameters.rope_type", "a string");
         const kind = kind_value.string;
         if (std.mem.eql(u8, kind, "default")) return rope;
+        const p: Fields = .{ .map = parameters, .diag = f.diag };
+        if (std.mem.eql(u8, kind, "linear") or std.mem.eql(u8, kind, "proportional")) {
+            const linear = kind[0] == 'l';
+            rope.divisor = try p.number("factor", if (linear) std.math.nan(f64) else 1.0);
+            if (!(rope.divisor > 0)) return p.wrong("rope_parameters.factor", "a positive number");
+            rope.factor = rope.divisor;
+            if (!linear) {
+                // transformers: int(partial_rotary_factor * head_dim // 2) pairs of the whole head.
+                const partial = try f.ropeNumber("partial_rotary_factor", 1.0);
+                rope.pairs_turning = @intFromFloat(@floor(partial * @as(f64, @floatFromInt(head_dim)) / 2));
+                rope.dim = head_dim;
+            }
+            return rope;
+        }
+        if (std.mem.eql(u8, kind, "llama3")) {
+            const llama3: Llama3 = .{
+                .factor = try p.number("factor", std.math.nan(f64)),
+                .low_freq_factor = try p.number("low_freq_factor", std.math.nan(f64)),
+                .high_freq_factor = try p.number("high_freq_factor", std.math.nan(f64)),
+                .original_max_position = try p.number("original_max_position_embeddings", std.math.nan(f64)),
+            };
+            if (!(llama3.factor > 0 and llama3.low_freq_factor > 0 and llama3.high_freq_factor > llama3.low_freq_factor and llama3.original_max_position > 0)) {
+                f.diag.set("config.json: llama3 rope needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0", .{});
+                return error.InvalidConfig;
+            }
+            rope.llama3 = llama3;
+            rope.factor = llama3.factor;
+            return rope;
+        }
         if (!std.mem.eql(u8, kind, "yarn")) {
-            f.diag.set("config.json: rope_type '{s}' is not supported (default and yarn are)", .{kind});
+            // "dynamic" and "longrope" change the frequencies with the length of each forward, so a
+            // position's rotation would depend on how its prompt was chunked.
+            f.diag.set("config.json: rope_type '{s}' is not supported (default, yarn, linear, llama3 and proportional are)", .{kind});
             return error.UnsupportedModel;
         }
-        const p: Fields = .{ .map = parameters, .diag = f.diag };
         const original = try p.number("original_max_position_embeddings", @floatFromInt(max_position));
         const factor = try p.number("factor", @as(f64, @floatFromInt(max_position)) / original);
         const yarn: Yarn = .{
@@ -58,6 +111,7 @@ pub const Rope = struct {
             return error.InvalidConfig;
         }
         rope.yarn = yarn;
+        rope.factor = factor;
         const mscale = try p.number("mscale", 0);
         const mscale_all_dim = try p.number("mscale_all_dim", 0);
         rope.attention_factor = if (parameters.get("attention_factor")) |value|
@@ -71,9 +125,12 @@ pub const Rope = struct {
 
     /// The frequency of pair j, in f32 as transformers rounds it.
     pub fn inverseFrequency(rope: Rope, j: usize) f32 {
+        if (rope.pairs_turning) |pairs| if (j >= pairs) return 0;
         const exponent: f32 = @as(f32, @floatFromInt(2 * j)) / @as(f32, @floatFromInt(rope.dim));
         const base_power: f32 = @floatCast(std.math.pow(f64, rope.theta, exponent));
         const extrapolation: f32 = 1.0 / base_power;
+        if (rope.llama3) |llama3| return llama3Frequency(llama3, extrapolation);
+        if (rope.divisor != 1) return extrapolation / @as(f32, @floatCast(rope.divisor));
         const yarn = rope.yarn orelse return extrapolation;
         const interpolation: f32 = 1.0 / (@as(f32, @floatCast(yarn.factor)) * base_power);
         const range = yarnRange(yarn, rope.dim, rope.theta);
@@ -83,6 +140,20 @@ pub const Rope = struct {
         return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
     }
 };
+
+/// transformers' _compute_llama3_parameters for one frequency: long wavelengths divided by the
+/// factor, short ones kept, the band between blended.
+fn llama3Frequency(l: Llama3, frequency: f32) f32 {
+    const factor: f32 = @floatCast(l.factor);
+    const old_context: f32 = @floatCast(l.original_max_position);
+    const low: f32 = @floatCast(l.low_freq_factor);
+    const high: f32 = @floatCast(l.high_freq_factor);
+    const wavelength = 2 * std.math.pi / frequency;
+    if (wavelength > old_context / low) return frequency / factor;
+    if (wavelength < old_context / high) return frequency;
+    const smooth = (old_context / wavelength - low) / (high - low);
+    return (1 - smooth) * frequency / factor + smooth * frequency;
+}
 
 /// YaRN's attention scale for a context `factor` (transformers' get_mscale).
 pub fn yarnMscale(factor: f64, mscale: f64) f64 {
@@ -172,4 +243,19 @@ test "yarn leaves the highest frequencies and divides the lowest by the factor" 
     try std.testing.expectEqual(plain.inverseFrequency(0), yarn.inverseFrequency(0));
     try std.testing.expectApproxEqRel(plain.inverseFrequency(31) / 4, yarn.inverseFrequency(31), 1e-6);
     try std.testing.expectApproxEqRel(1.1386294, yarnMscale(4, 1), 1e-6);
+}
+
+test "linear divides every frequency; llama3 only the long wavelengths; proportional stops turning" {
+    const plain: Rope = .{ .dim = 64, .theta = 10000, .style = .half };
+    var linear = plain;
+    linear.divisor = 4;
+    try std.testing.expectEqual(plain.inverseFrequency(5) / 4, linear.inverseFrequency(5));
+    var llama3 = plain;
+    llama3.llama3 = .{ .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_position = 8192 };
+    try std.testing.expectEqual(plain.inverseFrequency(0), llama3.inverseFrequency(0));
+    try std.testing.expectEqual(plain.inverseFrequency(31) / 8, llama3.inverseFrequency(31));
+    var proportional = plain;
+    proportional.pairs_turning = 8;
+    try std.testing.expectEqual(plain.inverseFrequency(7), proportional.inverseFrequency(7));
+    try std.testing.expectEqual(@as(f32, 0), proportional.inverseFrequency(8));
 }
