@@ -39,3 +39,24 @@ def test_cached_prefixes_change_no_bit_on_the_gpu(kind, kv_dtype):
         assert [g[:2] for g in got] == [w[:2] for w in want]
         assert [g[2] for g in got][1:3] == [3 * PAGE, 3 * PAGE]
         assert all_pages_back(cached)
+
+
+@pytest.mark.parametrize("rows_max", [6, 256])
+def test_a_recurrent_model_restores_its_state_on_the_gpu(tmp_path, rows_max):
+    """GLM-5.3-Flash's classes at the CUDA kernels' shapes: the KDA state kept after cached pages
+    (device copies between state slots) gives the tokens and log-probabilities of the uncached
+    engine, bit for bit, with chunks of 6 rows (a snapshot at every page crossed) and of 256 (a
+    snapshot where each prompt's last full page ends)."""
+    from test_cuda_glm5_next import gpu_variant
+    directory = gpu_variant(tmp_path / "next", "base", moe_intermediate_size=256)
+    prompts = requests()
+    sampling = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=3)
+    with trellisforge.Engine(directory, backend="cuda", max_seqs=4, page_tokens=PAGE, rows_max=rows_max, kv_dtype="f16") as plain, \
+         trellisforge.Engine(directory, backend="cuda", max_seqs=4, page_tokens=PAGE, rows_max=rows_max, prefix_cache=True,
+                             kv_dtype="f16") as cached:
+        want = run(plain, prompts, sampling)
+        got = run(cached, prompts, sampling)
+        assert [g[:2] for g in got] == [w[:2] for w in want]
+        hits = [g[2] for g in got]
+        assert hits == ([0, 3 * PAGE, 3 * PAGE, 3 * PAGE] if rows_max == 6 else [0, 0, 0, 4 * PAGE]), hits
+        assert all_pages_back(cached)

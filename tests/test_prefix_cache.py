@@ -2,7 +2,8 @@
 prompt's full KV pages maps them instead of computing them, and nothing it produces changes: the
 same tokens and log-probabilities, bit for bit, as an engine without the cache, for GQA (the 3.0 bpw
 fixture), MLA and MLA + DSA (random checkpoints), greedy and sampled, through eviction, cancels and
-in-process tensor parallelism; pages all come back; a model with recurrent state is not cached."""
+in-process tensor parallelism; pages all come back. A model with recurrent state (GLM-5.3-Flash's
+KDA layers) restores the state kept after a cached page (zig/src/engine/state_snapshots.zig)."""
 from __future__ import annotations
 
 import numpy as np
@@ -139,18 +140,84 @@ def test_in_process_tensor_parallel_with_the_cache_equals_it_without(models):
     assert got[1][2] == 3 * PAGE
 
 
-def test_a_model_with_recurrent_state_is_not_cached(tmp_path):
-    from glm5_next_models import prompt, write_variant as write_next
-    import json
-    directory = write_next(tmp_path / "next", "base")
-    engine = trellisforge.Engine(directory, max_seqs=2, page_tokens=PAGE, prefix_cache=True, kv_dtype="f32")
-    stats = engine.stats()
-    assert stats["prefix_cache"] == 0 and stats["state_bytes_per_sequence"] > 0
-    tokens = prompt(json.loads((directory / "config.json").read_text()))
-    first = engine.generate(tokens, 3)
-    again = engine.generate(tokens, 3)
-    assert first == again
-    assert engine.stats()["prefix_hit_tokens"] == 0
+@pytest.fixture(scope="module")
+def recurrent(tmp_path_factory):
+    """GLM-5.3-Flash's classes on a small random checkpoint: KDA layers with their state."""
+    from glm5_next_models import write_variant as write_next
+    return write_next(tmp_path_factory.mktemp("next") / "next", "base")
+
+
+@pytest.mark.parametrize("sampling", [Sampling(max_tokens=6), Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=3)],
+                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_a_recurrent_model_restores_its_state_and_changes_no_bit(recurrent, sampling, kv_dtype):
+    """Chunks of 6 rows end on every page boundary they cross, and the state after each such page
+    is kept (4 snapshots, one per sequence slot, least recently used taken first): the shared
+    system prompt's 3 full pages come with the state after them. The repeat of the first prompt
+    finds its 4 full pages, but the state after the fourth was taken for the second prompt's, so
+    it resumes after the third. Every token and log-probability equals the uncached engine's; the
+    snapshots double the state's memory, as stats() says."""
+    prompts = requests()
+    plain = trellisforge.Engine(recurrent, max_seqs=4, page_tokens=PAGE, rows_max=6, kv_dtype=kv_dtype)
+    cached = trellisforge.Engine(recurrent, max_seqs=4, page_tokens=PAGE, rows_max=6, prefix_cache=True, kv_dtype=kv_dtype)
+    stats = cached.stats()
+    assert stats["prefix_cache"] == 1 and stats["state_bytes_per_sequence"] > 0
+    assert stats["state_bytes_total"] == 2 * plain.stats()["state_bytes_total"]
+    want = run(plain, prompts, sampling)
+    got = run(cached, prompts, sampling)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert [g[2] for g in got] == [0, 3 * PAGE, 3 * PAGE, 3 * PAGE]
+    assert cached.stats()["prefix_hit_tokens"] == sum(g[2] for g in got)
+    assert all_pages_back(cached)
+
+
+def test_a_recurrent_chat_turn_resumes_from_the_last_turns_prompt(recurrent):
+    """One chunk per prompt (the default rows): the chunk is cut at the prompt's last page boundary,
+    where the state is kept, so the next turn (the first turn, its answer, a new question) starts
+    there. A cancel mid-prompt and a slot that held another sequence change nothing."""
+    rng = np.random.default_rng(4)
+    first = [int(t) for t in rng.integers(3, 280, 4 * PAGE + 3)]
+    sampling = Sampling(max_tokens=5)
+    plain = trellisforge.Engine(recurrent, max_seqs=2, page_tokens=PAGE, kv_dtype="f32")
+    cached = trellisforge.Engine(recurrent, max_seqs=2, page_tokens=PAGE, prefix_cache=True, kv_dtype="f32")
+    answer = run(cached, [first], sampling)[0]
+    assert answer[:2] == run(plain, [first], sampling)[0][:2] and answer[2] == 0
+    stray = cached.add([int(t) for t in rng.integers(3, 280, 3 * PAGE)], sampling, stop_token_ids=[])
+    cached.cancel(stray)
+    turn = first + answer[0] + [int(t) for t in rng.integers(3, 280, 7)]
+    want, got = run(plain, [turn], sampling)[0], run(cached, [turn], sampling)[0]
+    assert got[:2] == want[:2]
+    assert got[2] == 4 * PAGE  # the first turn's full pages; its answer was not a prompt's
+    assert all_pages_back(cached)
+
+
+def test_recurrent_snapshots_are_reused_least_recently_used_first(recurrent):
+    """One sequence slot, so one snapshot: a second prompt's state takes it, and the first prompt,
+    asked again, finds its pages still cached but no state after them, so computes it all; the
+    answers equal the uncached engine's."""
+    rng = np.random.default_rng(9)
+    a, b = ([int(t) for t in rng.integers(3, 280, 3 * PAGE + 2)] for _ in range(2))
+    sampling = Sampling(max_tokens=3)
+    plain = trellisforge.Engine(recurrent, max_seqs=1, page_tokens=PAGE, kv_dtype="f32")
+    cached = trellisforge.Engine(recurrent, max_seqs=1, page_tokens=PAGE, prefix_cache=True, kv_dtype="f32")
+    prompts = [a, list(a), b, list(a)]
+    want, got = run(plain, prompts, sampling), run(cached, prompts, sampling)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert [g[2] for g in got] == [0, 3 * PAGE, 0, 0]
+    assert cached.stats()["pages_cached"] > 0 and all_pages_back(cached)
+
+
+def test_in_process_tensor_parallel_restores_every_ranks_state(tmp_path):
+    """Each rank's KDA heads keep their own part of the state: every rank copies its snapshot."""
+    from test_cuda_glm5_next import gpu_variant
+    directory = gpu_variant(tmp_path / "next", "base", moe_intermediate_size=256)  # KDA width 256: 128 a rank
+    prompts = requests()
+    sampling = Sampling(max_tokens=4)
+    plain = trellisforge.Engine(directory, max_seqs=4, page_tokens=PAGE, rows_max=6, tp_world=2, kv_dtype="f32")
+    cached = trellisforge.Engine(directory, max_seqs=4, page_tokens=PAGE, rows_max=6, tp_world=2, prefix_cache=True, kv_dtype="f32")
+    want, got = run(plain, prompts, sampling), run(cached, prompts, sampling)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert got[1][2] == 3 * PAGE
 
 
 def test_a_prefix_cache_flag_other_than_0_or_1_is_refused(models):

@@ -60,7 +60,8 @@ class State:
                                               tp_world=c.tp_world, tp_master=c.tp_master, prefix_cache=c.prefix_cache,
                                               kv_dtype=c.kv_dtype)
             if c.prefix_cache and not self.engine.stats()["prefix_cache"]:
-                log.info("prefix caching is off for this model: its layers keep recurrent state, which cached pages do not carry")
+                log.info("prefix caching is off for this model across tensor-parallel processes: its recurrent state "
+                         "lives on every rank, which rank 0 cannot snapshot")
             self.grammars = Grammars(self.tokenizer.json_text, self.engine.vocab_size, self.engine.eos_token_ids,
                                      self.tokenizer.token_id)
             self.runtime = Runtime(self.engine, self.metrics)

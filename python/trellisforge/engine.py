@@ -73,7 +73,8 @@ class Engine:
         """tp_world > 1 without tp_master: the ranks are threads of this process (cpu). With
         tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
         workers (`run_tp_worker`). prefix_cache: a prompt maps the KV pages of an earlier prompt's
-        identical full pages instead of computing them (not for models with recurrent state;
+        identical full pages instead of computing them (for models with recurrent state, with the
+        state kept after some of them; not across tensor-parallel processes for those:
         stats()["prefix_cache"] says whether it runs). kv_dtype: what the KV cache stores, "f16"
         (the default), "f32" (the exact reference's numbers) or "fp8" (e4m3, GPUs of sm_89 and
         later; the cpu emulates it)."""

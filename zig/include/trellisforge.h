@@ -129,8 +129,9 @@ typedef struct {
     uint32_t rows_max;           /* tokens per step: prompt chunks + decode rows */
     uint32_t tp_world;           /* tensor-parallel ranks inside this process (cpu); 0 or 1 = none */
     uint32_t prefix_cache;       /* 1: a prompt maps the KV pages of an earlier prompt's identical full
-                                    pages instead of computing them (not for models with recurrent
-                                    state: stats say whether it runs) */
+                                    pages instead of computing them (recurrent models: with the state
+                                    kept after some of them, not across processes; stats say whether
+                                    it runs) */
     uint32_t kv_dtype;           /* what the KV cache stores: 0 = f16 (the default), 1 = f32 (exact),
                                     2 = f16, 3 = fp8 e4m3 with a power-of-two scale per position and head
                                     (GPUs of sm_89 and later; the cpu emulates it). The DSA indexer's
@@ -182,7 +183,8 @@ typedef struct {
     uint64_t gpu_sampled;        /* tokens sampled on the GPU (temperature, top-k/p, min-p rows) */
     uint64_t kv_pairs;           /* attention layers whose k and v projections run as one GPU launch */
     uint64_t state_bytes_per_sequence; /* recurrent (KDA) state a sequence holds, whatever its length */
-    uint64_t state_bytes_total;  /* that state for every sequence slot, allocated at creation */
+    uint64_t state_bytes_total;  /* that state for every sequence slot and prefix-cache snapshot,
+                                    allocated at creation */
     uint32_t prefix_cache;       /* 1: prefix caching runs */
     uint32_t pages_cached;       /* pages the prefix cache holds (the unreferenced ones count as free) */
     uint64_t prefix_hit_tokens;  /* prompt tokens served from the prefix cache */

@@ -15,6 +15,7 @@ const token_mask = @import("token_mask.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
 const distributed = @import("distributed.zig");
 const gpu_sampling = @import("../cuda/sampling.zig");
+const state_snapshots = @import("state_snapshots.zig");
 
 /// Where rank 0 listens for the other ranks of a multi-process tensor-parallel group.
 pub const Master = struct { host: []const u8, port: u16 };
@@ -68,6 +69,8 @@ pub const Engine = struct {
     /// Prefix caching, when asked for and the model holds no recurrent state (a cached page would
     /// not carry the state at its end).
     prefix: ?PrefixCache,
+    /// A recurrent model's state after cached pages (state_snapshots.zig); null otherwise.
+    snapshots: ?state_snapshots.StateSnapshots,
     /// The KV cache's storage on the host: the CPU backend's (the GPU model keeps its own, as do
     /// tensor-parallel ranks).
     host_cache: ?glm.cache.HostCache,
@@ -153,12 +156,16 @@ pub const Engine = struct {
         const p = engine.params;
         engine.pages = try KvPages.init(gpa, p.kv_pages, p.page_tokens);
         errdefer engine.pages.deinit(gpa);
+        // A recurrent model is cached with state snapshots, one process only (state_snapshots.zig).
         const recurrent = glm.cache.floatsPerSequence(&model) > 0;
-        engine.prefix = if (p.prefix_cache != 0 and !recurrent) try PrefixCache.init(gpa, p.kv_pages, p.page_tokens) else null;
+        engine.prefix = if (p.prefix_cache != 0 and (!recurrent or master == null)) try PrefixCache.init(gpa, p.kv_pages, p.page_tokens) else null;
         errdefer if (engine.prefix) |*cache| cache.deinit(gpa);
+        const snapshots: usize = if (engine.prefix != null and recurrent) p.sequences_max else 0;
+        engine.snapshots = if (snapshots > 0) try state_snapshots.StateSnapshots.init(gpa, snapshots, @intCast(p.sequences_max)) else null;
+        errdefer if (engine.snapshots) |*s| s.deinit(gpa);
         engine.host_cache = null;
         if (p.backend == @backingInt(Backend.cpu) and p.tp_world == 1) {
-            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, params_mod.kvDtype(p), p.kv_pages, p.page_tokens, p.sequences_max);
+            engine.host_cache = try glm.cache.HostCache.init(gpa, &model, params_mod.kvDtype(p), p.kv_pages, p.page_tokens, p.sequences_max + snapshots);
         }
         errdefer if (engine.host_cache) |*cache| cache.deinit(gpa);
         engine.scratch = try glm.forward_cpu.Scratch.init(gpa, &engine.weights, p.rows_max, p.context_tokens_max);
@@ -177,6 +184,7 @@ pub const Engine = struct {
                 .page_tokens = p.page_tokens,
                 .pages_per_sequence = engine.sequences[0].pages.len,
                 .sequences = p.sequences_max,
+                .state_snapshots = snapshots,
                 .kv_dtype = params_mod.kvDtype(p),
             }, diag);
         }
@@ -212,7 +220,7 @@ pub const Engine = struct {
                 .context_max = p.context_tokens_max,
                 .pages = p.kv_pages,
                 .page_tokens = p.page_tokens,
-                .sequences = p.sequences_max,
+                .sequences = p.sequences_max + snapshots,
                 .kv_dtype = params_mod.kvDtype(p),
             }, diag);
         }
@@ -262,6 +270,7 @@ pub const Engine = struct {
         engine.scratch.deinit();
         if (engine.host_cache) |*cache| cache.deinit(gpa);
         if (engine.prefix) |*cache| cache.deinit(gpa);
+        if (engine.snapshots) |*s| s.deinit(gpa);
         engine.pages.deinit(gpa);
         engine.weights.deinit(gpa);
         if (engine.checkpoint) |*checkpoint| checkpoint.deinit();
@@ -387,7 +396,7 @@ pub const Engine = struct {
     }
 
     /// Admits waiting sequences in id order while their page budgets fit.
-    fn admit(engine: *Engine) void {
+    fn admit(engine: *Engine, diag: *Diagnostic) Error!void {
         while (true) {
             var next: ?*Sequence = null;
             for (engine.sequences) |*s| {
@@ -397,14 +406,14 @@ pub const Engine = struct {
             if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) return;
             engine.pages_reserved += sequence.pages_reserved;
             sequence.state = .active;
-            engine.mapCachedPrefix(sequence);
+            try engine.mapCachedPrefix(sequence, diag);
         }
     }
 
     /// One forward over every active sequence: a prompt chunk or one decode row each, within
     /// rows_max rows. Writes a record per sampled token into `records` and returns how many.
     pub fn step(engine: *Engine, records: []Record, diag: *Diagnostic) Error!usize {
-        engine.admit();
+        try engine.admit(diag);
         var rows: usize = 0;
         var logits_count: usize = 0;
         const budget = engine.params.rows_max;
@@ -414,7 +423,7 @@ pub const Engine = struct {
             const sequence = &engine.sequences[slot];
             if (rows == budget or logits_count == @min(engine.logits_rows_max, records.len)) break;
             const pending = sequence.length - sequence.computed;
-            const count = @min(pending, budget - rows);
+            const count = state_snapshots.chunkRows(engine, sequence, @min(pending, budget - rows));
             if (count == pending and sequence.sampling.constrained != 0 and sequence.mask_state == .none) {
                 diag.set("sequence {d} is constrained and its next token has no mask (tf_engine_set_token_mask)", .{sequence.id});
                 return error.InvalidArgument;
@@ -460,6 +469,7 @@ pub const Engine = struct {
         engine.gpu_sampled += jobs;
         for (engine.batch_slots[0..rows]) |slot| engine.sequences[slot].computed += 1;
         if (engine.prefix != null) for (active) |slot| engine.offerFilledPages(&engine.sequences[slot]);
+        try state_snapshots.keep(engine, active, diag);
 
         for (engine.logits_slots[0..logits_count], engine.job_of_row[0..logits_count], 0..) |slot, job, i| {
             const sequence = &engine.sequences[slot];

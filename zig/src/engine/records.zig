@@ -32,10 +32,11 @@ pub const Stats = extern struct {
     gpu_sampled: u64,
     kv_pairs: u64,
     /// Recurrent state (KDA) one sequence holds whatever its length, and the pool of it allocated
-    /// for every sequence slot at creation (0 for models without it).
+    /// at creation: every sequence slot's, and as many prefix-cache snapshots with the cache on (0
+    /// for models without it).
     state_bytes_per_sequence: u64,
     state_bytes_total: u64,
-    /// Prefix caching: whether it runs (asked for, and the model has no recurrent state), the pages
+    /// Prefix caching: whether it runs (asked for; a recurrent model's not across processes), the pages
     /// it holds (pages_free counts the evictable ones among them), and the prompt tokens it served
     /// and did not.
     prefix_cache: u32,

@@ -6,6 +6,8 @@ const assert = std.debug.assert;
 const engine_mod = @import("engine.zig");
 const Engine = engine_mod.Engine;
 const Sequence = engine_mod.Sequence;
+const Diagnostic = @import("../core/root.zig").Diagnostic;
+const state_snapshots = @import("state_snapshots.zig");
 
 pub fn ensurePage(engine: *Engine, sequence: *Sequence, position: usize) void {
     const page_index = position / engine.params.page_tokens;
@@ -41,12 +43,14 @@ pub fn releasePages(engine: *Engine, sequence: *Sequence, slot: u32) void {
 /// A newly active sequence's prompt starts at its cached full pages, if any: they are mapped
 /// (their budget stays in the sequence's reservation, so admission never over-commits) and its
 /// computation starts after them. At least the prompt's last token is always computed: its logits
-/// give the first token.
-pub fn mapCachedPrefix(engine: *Engine, sequence: *Sequence) void {
+/// give the first token. A recurrent model keeps those up to its deepest state snapshot and starts
+/// from that state (state_snapshots.zig).
+pub fn mapCachedPrefix(engine: *Engine, sequence: *Sequence, diag: *Diagnostic) engine_mod.Error!void {
     const cache = &(engine.prefix orelse return);
     const n = engine.params.page_tokens;
     const prompt = sequence.tokens[0..sequence.prompt_len];
-    const mapped = cache.lookup(prompt, (prompt.len - 1) / n, sequence.pages);
+    const found = cache.lookup(prompt, (prompt.len - 1) / n, sequence.pages);
+    const mapped = try state_snapshots.restore(engine, sequence, found, diag);
     sequence.pages_used = mapped;
     sequence.pages_offered = mapped;
     sequence.computed = mapped * n;

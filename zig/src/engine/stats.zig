@@ -28,7 +28,7 @@ pub fn of(engine: *const Engine) Stats {
         .gpu_sampled = engine.gpu_sampled,
         .kv_pairs = if (engine.gpu_model) |model| model.kvPairs() else 0,
         .state_bytes_per_sequence = 4 * glm.cache.floatsPerSequence(engine.config()),
-        .state_bytes_total = 4 * glm.cache.floatsPerSequence(engine.config()) * engine.params.sequences_max,
+        .state_bytes_total = 4 * glm.cache.floatsPerSequence(engine.config()) * (engine.params.sequences_max + if (engine.snapshots) |s| s.pages.len else 0),
         .prefix_cache = @intFromBool(engine.prefix != null),
         .pages_cached = if (engine.prefix) |c| @intCast(c.cached_count) else 0,
         .prefix_hit_tokens = if (engine.prefix) |c| c.hit_tokens else 0,

@@ -17,7 +17,8 @@ pub const HostCache = struct {
     index: ?dsa.Cache,
     kda: ?kda.State,
 
-    /// `sequences`: the engine's sequence slots, each with its own recurrent state.
+    /// `sequences`: the engine's sequence slots, each with its own recurrent state (and the
+    /// prefix cache's state snapshots after them).
     /// `dtype`: what the GQA and MLA parts store; the DSA indexer's keys and the KDA state stay f32.
     pub fn init(gpa: std.mem.Allocator, c: *const Config, dtype: KvDtype, pages: usize, page_tokens: usize, sequences: usize) error{OutOfMemory}!HostCache {
         var cache: HostCache = .{ .gqa = null, .mla = null, .index = null, .kda = null };
@@ -27,6 +28,12 @@ pub const HostCache = struct {
         if (c.countOf("indexer", .full) > 0) cache.index = try dsa.Cache.init(gpa, c, pages, page_tokens);
         if (c.countOf("attention", .kda) > 0) cache.kda = try kda.State.init(gpa, c, sequences);
         return cache;
+    }
+
+    /// Recurrent state slot `to` becomes slot `from` (prefix caching's snapshots); nothing
+    /// without KDA layers.
+    pub fn copyState(cache: *HostCache, from: u32, to: u32) void {
+        if (cache.kda) |*state| state.copySlot(from, to);
     }
 
     pub fn deinit(cache: *HostCache, gpa: std.mem.Allocator) void {

@@ -52,6 +52,8 @@ pub const Limits = struct {
     pages_per_sequence: usize,
     /// Sequence slots, each with its own recurrent (KDA) state.
     sequences: usize = 0,
+    /// Recurrent-state slots after them for the prefix cache's snapshots (kda_cuda.copySlot).
+    state_snapshots: usize = 0,
     /// What the GQA and MLA caches store (the DSA indexer's keys stay f32).
     kv_dtype: core.KvDtype = .f32,
     /// Replay recorded forwards of up to `graph_rows_max` rows (TF_CUDA_GRAPHS=0 turns it off).

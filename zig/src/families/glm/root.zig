@@ -23,6 +23,7 @@ pub const parts = struct {
     pub const mlp = @import("parts/mlp.zig");
     pub const moe = @import("parts/moe.zig");
     pub const router = @import("parts/router.zig");
+    pub const kda_cuda = @import("parts/kda_cuda.zig");
 };
 pub const forward_cpu = @import("forward_cpu.zig");
 pub const cuda_model = @import("cuda_model.zig");

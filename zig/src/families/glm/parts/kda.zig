@@ -295,6 +295,15 @@ pub const State = struct {
         return state.tails[(@as(usize, slot) * state.layers + layer) * state.tail_length ..][0..state.tail_length];
     }
 
+    /// Slot `to`'s state (every layer's matrices and convolution tail) becomes slot `from`'s.
+    pub fn copySlot(state: *State, from: u32, to: u32) void {
+        std.debug.assert(from < state.slots and to < state.slots);
+        const size = state.layers * state.heads * state.head_dim * state.head_dim;
+        const tails = state.layers * state.tail_length;
+        @memcpy(state.matrices[@as(usize, to) * size ..][0..size], state.matrices[@as(usize, from) * size ..][0..size]);
+        @memcpy(state.tails[@as(usize, to) * tails ..][0..tails], state.tails[@as(usize, from) * tails ..][0..tails]);
+    }
+
     fn reset(state: *State, slot: u32, layer: usize) void {
         for (0..state.heads) |h| @memset(state.matrix(slot, layer, h), 0);
         @memset(state.tail(slot, layer), 0);

@@ -143,7 +143,7 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
     if (layers == 0) return null;
     const k = c.kda;
     const rows = model.limits.rows_max;
-    const slots = @max(model.limits.sequences, 1);
+    const slots = @max(model.limits.sequences + model.limits.state_snapshots, 1);
     const f = @sizeOf(f32);
     const width = k.width();
     return .{
@@ -160,6 +160,20 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
         .run_starts = try model.alloc((rows + 2) * 4, diag),
         .host_runs = try model.gpa.alloc(i32, rows + 2),
     };
+}
+
+/// Slot `to`'s state (matrices and convolution tails, every layer) becomes slot `from`'s, queued
+/// on the stream after the forwards before it.
+pub fn copySlot(model: *GpuModel, from: u32, to: u32, diag: *Diagnostic) Error!void {
+    const b = &(model.kda orelse return);
+    const c = model.config;
+    const k = c.kda;
+    const layers = c.countOf("attention", .kda);
+    const f = @sizeOf(f32);
+    const size = layers * k.heads * k.head_dim * k.head_dim * f;
+    const tails = layers * (k.conv_kernel - 1) * 3 * k.width() * f;
+    try model.gpu.copy(b.states + to * size, b.states + from * size, size, diag);
+    if (tails > 0) try model.gpu.copy(b.tails + to * tails, b.tails + from * tails, tails, diag);
 }
 
 /// The batch's sequence slots and runs (consecutive rows of one sequence) to the device: run
