@@ -3,7 +3,8 @@ prompt's full KV pages maps them instead of computing them, and nothing it produ
 same tokens and log-probabilities, bit for bit, as an engine without the cache, for GQA (the 3.0 bpw
 fixture), MLA and MLA + DSA (random checkpoints), greedy and sampled, through eviction, cancels and
 in-process tensor parallelism; pages all come back. A model with recurrent state (GLM-5.3-Flash's
-KDA layers) restores the state kept after a cached page (zig/src/engine/state_snapshots.zig)."""
+KDA layers) restores the state kept after a cached page (zig/src/engine/state_snapshots.zig), in
+one process and across tensor-parallel processes."""
 from __future__ import annotations
 
 import numpy as np
@@ -205,6 +206,31 @@ def test_recurrent_snapshots_are_reused_least_recently_used_first(recurrent):
     assert [g[:2] for g in got] == [w[:2] for w in want]
     assert [g[2] for g in got] == [0, 3 * PAGE, 0, 0]
     assert cached.stats()["pages_cached"] > 0 and all_pages_back(cached)
+
+
+def test_a_worker_process_makes_rank_0s_state_copies(tmp_path):
+    """Two processes over TCP: rank 0's snapshots and restores travel in the next step plan and
+    the worker makes them before its forward; the bits are those of the uncached threads."""
+    from server_process import free_port
+    from test_cuda_glm5_next import gpu_variant
+    from test_tensor_parallel import start_worker
+    directory = gpu_variant(tmp_path / "next", "base", moe_intermediate_size=256)
+    prompts = requests()
+    sampling = Sampling(max_tokens=4, temperature=0.8, top_p=0.9, seed=5)
+    master = f"127.0.0.1:{free_port()}"
+    worker = start_worker(directory, 1, master)
+    try:
+        with trellisforge.Engine(directory, max_seqs=4, page_tokens=PAGE, rows_max=6, tp_world=2, kv_dtype="f32") as threads, \
+             trellisforge.Engine(directory, max_seqs=4, page_tokens=PAGE, rows_max=6, tp_world=2, tp_master=master,
+                                 prefix_cache=True, kv_dtype="f32") as over_tcp:
+            want, got = run(threads, prompts, sampling), run(over_tcp, prompts, sampling)
+            assert [g[:2] for g in got] == [w[:2] for w in want]
+            assert [g[2] for g in got] == [0, 3 * PAGE, 3 * PAGE, 3 * PAGE]
+            assert all_pages_back(over_tcp)
+        assert worker.wait(timeout=60) == 0, worker.stdout.read()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
 
 
 def test_in_process_tensor_parallel_restores_every_ranks_state(tmp_path):

@@ -59,9 +59,6 @@ class State:
             self.engine = trellisforge.Engine(c.model_dir, backend=c.backend, max_seqs=c.max_seqs, ctx=c.ctx, rows_max=c.rows_max,
                                               tp_world=c.tp_world, tp_master=c.tp_master, prefix_cache=c.prefix_cache,
                                               kv_dtype=c.kv_dtype)
-            if c.prefix_cache and not self.engine.stats()["prefix_cache"]:
-                log.info("prefix caching is off for this model across tensor-parallel processes: its recurrent state "
-                         "lives on every rank, which rank 0 cannot snapshot")
             self.grammars = Grammars(self.tokenizer.json_text, self.engine.vocab_size, self.engine.eos_token_ids,
                                      self.tokenizer.token_id)
             self.runtime = Runtime(self.engine, self.metrics)

@@ -130,8 +130,7 @@ typedef struct {
     uint32_t tp_world;           /* tensor-parallel ranks inside this process (cpu); 0 or 1 = none */
     uint32_t prefix_cache;       /* 1: a prompt maps the KV pages of an earlier prompt's identical full
                                     pages instead of computing them (recurrent models: with the state
-                                    kept after some of them, not across processes; stats say whether
-                                    it runs) */
+                                    kept after some of them; stats say whether it runs) */
     uint32_t kv_dtype;           /* what the KV cache stores: 0 = f16 (the default), 1 = f32 (exact),
                                     2 = f16, 3 = fp8 e4m3 with a power-of-two scale per position and head
                                     (GPUs of sm_89 and later; the cpu emulates it). The DSA indexer's

@@ -37,7 +37,13 @@ pub const Shape = extern struct {
     /// Sequence slots: each rank keeps its heads' part of every slot's recurrent (KDA) state.
     sequences: u32,
     kv_dtype: u32, // a core.KvDtype
+    /// Recurrent-state slots after them for the prefix cache's snapshots (state_snapshots.zig).
+    state_snapshots: u32 = 0,
 };
+
+/// Copies between recurrent-state slots that a plan carries (from, to), in order: at most a
+/// snapshot after each sequence's chunk and a restore for each admitted sequence per step.
+pub const copies_max = 2 * 256;
 
 /// GPU of this host for `rank`: TRELLISFORGE_GPU when set, else the rank (one GPU per rank on a
 /// multi-GPU host; on single-GPU nodes set TRELLISFORGE_GPU=0).
@@ -51,6 +57,8 @@ const Header = extern struct {
     rows: u32,
     logits_rows: u32,
     tables_len: u32,
+    /// State-slot copies to make before the forward (the pairs follow the page tables).
+    copies: u32 = 0,
 };
 
 const kind_forward: u32 = 1;
@@ -75,6 +83,10 @@ pub const Rank = struct {
     tables: [][]const u32,
     /// Which rows of a plan are prompt rows (the GPU's prompt kernels take them on every rank).
     prompt: []bool,
+    /// Rank 0: state-slot copies made here since the last plan, for the workers to make before
+    /// their next forward (a worker: the ones received).
+    copies: [copies_max][2]u32,
+    copies_len: usize,
     failure: ?Diagnostic,
 
     /// Rank 0: shards `full`, waits for the workers to connect and sends them the shape.
@@ -121,6 +133,7 @@ pub const Rank = struct {
         self.rank = rank;
         self.shape = shape;
         self.failure = null;
+        self.copies_len = 0;
         self.gpu = null;
         self.nccl = null;
         self.comm = null;
@@ -130,7 +143,7 @@ pub const Rank = struct {
         errdefer self.weights.deinit(gpa);
         const c = self.weights.config;
         const on_gpu = shape.backend == 1;
-        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, @fromBackingInt(@intCast(shape.kv_dtype)), shape.pages, shape.page_tokens, shape.sequences);
+        self.cache = if (on_gpu) null else try glm.cache.HostCache.init(gpa, &c, @fromBackingInt(@intCast(shape.kv_dtype)), shape.pages, shape.page_tokens, shape.sequences + shape.state_snapshots);
         errdefer if (self.cache) |*cache| cache.deinit(gpa);
         self.scratch = try glm.forward_cpu.Scratch.init(gpa, &self.weights, shape.rows_max, shape.context_max);
         errdefer self.scratch.deinit();
@@ -153,6 +166,7 @@ pub const Rank = struct {
                 .page_tokens = shape.page_tokens,
                 .pages_per_sequence = shape.pages_per_sequence,
                 .sequences = shape.sequences,
+                .state_snapshots = shape.state_snapshots,
                 .kv_dtype = @fromBackingInt(@intCast(shape.kv_dtype)),
             }, diag);
         }
@@ -194,7 +208,7 @@ pub const Rank = struct {
         }
         var tables_len: usize = 0;
         for (batch.page_tables) |t| tables_len += t.len;
-        const header: Header = .{ .kind = kind_forward, .rows = @intCast(batch.rows()), .logits_rows = @intCast(batch.logits_rows.len), .tables_len = @intCast(tables_len) };
+        const header: Header = .{ .kind = kind_forward, .rows = @intCast(batch.rows()), .logits_rows = @intCast(batch.logits_rows.len), .tables_len = @intCast(tables_len), .copies = @intCast(self.copies_len) };
         const rows = batch.rows();
         const flags = self.plan[0..rows];
         for (flags, 0..) |*flag, r| flag.* = @intFromBool(r < batch.prompt.len and batch.prompt[r]);
@@ -209,7 +223,9 @@ pub const Rank = struct {
             try peer.sendAll(std.mem.sliceAsBytes(slots), diag);
             for (batch.page_tables) |t| try peer.sendValue(@as(u32, @intCast(t.len)), diag);
             for (batch.page_tables) |t| try peer.sendAll(std.mem.sliceAsBytes(t), diag);
+            try peer.sendAll(std.mem.sliceAsBytes(self.copies[0..self.copies_len]), diag);
         }
+        self.copies_len = 0;
         try self.run(batch, logits, diag);
     }
 
@@ -222,7 +238,7 @@ pub const Rank = struct {
             if (header.kind == kind_shutdown) return;
             self.master.setTimeout(peer_timeout_s);
             const rows: usize = header.rows;
-            if (header.kind != kind_forward or rows == 0 or rows > self.shape.rows_max or header.tables_len > self.shape.rows_max * self.shape.pages_per_sequence) {
+            if (header.kind != kind_forward or rows == 0 or rows > self.shape.rows_max or header.tables_len > self.shape.rows_max * self.shape.pages_per_sequence or header.copies > copies_max) {
                 diag.set("malformed plan from the master", .{});
                 return error.NetworkFailed;
             }
@@ -248,9 +264,35 @@ pub const Rank = struct {
                 table.* = flat[at..][0..length];
                 at += length;
             }
+            const copies = self.copies[0..header.copies];
+            try self.master.recvAll(std.mem.sliceAsBytes(copies), diag);
+            const state_slots = self.shape.sequences + self.shape.state_snapshots;
+            for (copies) |pair| if (pair[0] >= state_slots or pair[1] >= state_slots) {
+                diag.set("malformed plan from the master: state copy {d} -> {d} of {d} slots", .{ pair[0], pair[1], state_slots });
+                return error.NetworkFailed;
+            };
+            for (copies) |pair| try self.copyLocalState(pair[0], pair[1], diag);
             try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{}, .prompt = self.prompt[0..rows], .sequences = slots }, &.{}, diag);
             self.master.setTimeout(0);
         }
+    }
+
+    /// Rank 0: recurrent state slot `to` becomes slot `from` here now and on every worker before
+    /// its next forward.
+    pub fn copyState(self: *Rank, from: u32, to: u32, diag: *Diagnostic) Error!void {
+        std.debug.assert(self.rank == 0);
+        if (self.copies_len == copies_max) {
+            diag.set("more than {d} state copies wait for the next plan", .{copies_max});
+            return error.NetworkFailed;
+        }
+        try self.copyLocalState(from, to, diag);
+        self.copies[self.copies_len] = .{ from, to };
+        self.copies_len += 1;
+    }
+
+    fn copyLocalState(self: *Rank, from: u32, to: u32, diag: *Diagnostic) Error!void {
+        if (self.gpu) |model| return glm.parts.kda_cuda.copySlot(model, from, to, diag);
+        self.cache.?.copyState(from, to);
     }
 
     const ReduceContext = struct { self: *Rank, diag: *Diagnostic, failed: bool };

@@ -156,9 +156,9 @@ pub const Engine = struct {
         const p = engine.params;
         engine.pages = try KvPages.init(gpa, p.kv_pages, p.page_tokens);
         errdefer engine.pages.deinit(gpa);
-        // A recurrent model is cached with state snapshots, one process only (state_snapshots.zig).
+        // A recurrent model is cached with state snapshots (state_snapshots.zig).
         const recurrent = glm.cache.floatsPerSequence(&model) > 0;
-        engine.prefix = if (p.prefix_cache != 0 and (!recurrent or master == null)) try PrefixCache.init(gpa, p.kv_pages, p.page_tokens) else null;
+        engine.prefix = if (p.prefix_cache != 0) try PrefixCache.init(gpa, p.kv_pages, p.page_tokens) else null;
         errdefer if (engine.prefix) |*cache| cache.deinit(gpa);
         const snapshots: usize = if (engine.prefix != null and recurrent) p.sequences_max else 0;
         engine.snapshots = if (snapshots > 0) try state_snapshots.StateSnapshots.init(gpa, snapshots, @intCast(p.sequences_max)) else null;
@@ -208,6 +208,7 @@ pub const Engine = struct {
                 .pages_per_sequence = @intCast(engine.sequences[0].pages.len),
                 .sequences = p.sequences_max,
                 .kv_dtype = p.kv_dtype,
+                .state_snapshots = @intCast(snapshots),
             }, m.host, m.port, diag);
         } else if (p.tp_world > 1) {
             if (p.backend != @backingInt(Backend.cpu)) {

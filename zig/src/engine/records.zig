@@ -36,7 +36,7 @@ pub const Stats = extern struct {
     /// for models without it).
     state_bytes_per_sequence: u64,
     state_bytes_total: u64,
-    /// Prefix caching: whether it runs (asked for; a recurrent model's not across processes), the pages
+    /// Prefix caching: whether it runs (asked for), the pages
     /// it holds (pages_free counts the evictable ones among them), and the prompt tokens it served
     /// and did not.
     prefix_cache: u32,

@@ -8,9 +8,9 @@
 //! not depend on its batch or its chunks (the KDA tests show it bit for bit), so the restored state
 //! is the one it would have computed.
 //!
-//! Snapshots are taken least recently used first when all hold a live page. One process only: a
-//! worker rank's state is not reachable from rank 0's plan, so across processes a recurrent model
-//! is not cached.
+//! Snapshots are taken least recently used first when all hold a live page. Every rank holds its
+//! heads' part of every state slot: in-process ranks copy at once, a worker process makes rank 0's
+//! copies before the forward of the next plan, which carries them (distributed.zig).
 const std = @import("std");
 const assert = std.debug.assert;
 const glm = @import("../families/glm/root.zig");
@@ -94,7 +94,8 @@ fn copyState(engine: *Engine, from: u32, to: u32, diag: *Diagnostic) engine_mod.
         for (group.ranks) |*rank| rank.cache.copyState(from, to);
         return;
     }
-    unreachable; // multi-process ranks keep recurrent models out of the prefix cache
+    // Across processes: here, and on every worker before its next forward (the plan carries it).
+    return engine.distributed_rank.?.copyState(from, to, diag);
 }
 
 /// How many of `count` prompt rows from `sequence.computed` to run so the chunk ends on a page
