@@ -160,7 +160,7 @@ pub const Engine = struct {
         const recurrent = glm.cache.floatsPerSequence(&model) > 0;
         engine.prefix = if (p.prefix_cache != 0) try PrefixCache.init(gpa, p.kv_pages, p.page_tokens) else null;
         errdefer if (engine.prefix) |*cache| cache.deinit(gpa);
-        const snapshots: usize = if (engine.prefix != null and recurrent) p.sequences_max else 0;
+        const snapshots: usize = if (engine.prefix != null and recurrent) @min(p.sequences_max, state_snapshots.count_max) else 0;
         engine.snapshots = if (snapshots > 0) try state_snapshots.StateSnapshots.init(gpa, snapshots, @intCast(p.sequences_max)) else null;
         errdefer if (engine.snapshots) |*s| s.deinit(gpa);
         engine.host_cache = null;

@@ -1,7 +1,8 @@
 //! Prefix caching for a model with recurrent state (GLM-5.3-Flash's KDA layers). A cached KV page
 //! saves a later prompt its positions only with the recurrent state the sequence had after it, so
-//! the engine keeps snapshots of that state: extra state slots after the sequence slots, each
-//! tied to a cached page (and its generation: an evicted page's snapshot is stale). A prompt's
+//! the engine keeps snapshots of that state (one per sequence slot, at most count_max): extra
+//! state slots after the sequence slots, each tied to a cached page (and its generation: an
+//! evicted page's snapshot is stale). A prompt's
 //! chunks end on page boundaries where they cross one; after each, the sequence's state is copied
 //! into a snapshot of its last page. A new prompt maps its cached pages up to the deepest one with
 //! a snapshot, copies that state into its slot, and computes from there. A sequence's state does
@@ -21,6 +22,10 @@ const Sequence = engine_mod.Sequence;
 const Diagnostic = @import("../core/root.zig").Diagnostic;
 
 const none = std.math.maxInt(u32);
+
+/// Snapshots at most (one per sequence slot below it): GLM-5.3-Flash's whole state is ~146 MiB a
+/// sequence, so 16 cost ~2.3 GiB (half a node's at TP=2) beside the model.
+pub const count_max = 16;
 
 pub const StateSnapshots = struct {
     /// The state slot of snapshot 0: the engine's sequence slots come first.
