@@ -74,9 +74,9 @@ class Engine:
         tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
         workers (`run_tp_worker`). prefix_cache: a prompt maps the KV pages of an earlier prompt's
         identical full pages instead of computing them (for models with recurrent state, with the
-        state kept after some of them; stats()["prefix_cache"] says whether it runs). kv_dtype: what the KV cache stores, "f16"
-        (the default), "f32" (the exact reference's numbers) or "fp8" (e4m3, GPUs of sm_89 and
-        later; the cpu emulates it)."""
+        state kept after some of them; stats()["prefix_cache"] says whether it runs). kv_dtype:
+        what the KV cache stores, "f16" (the default), "f32" (the exact reference's numbers) or
+        "fp8" (e4m3, GPUs of sm_89 and later; the cpu emulates it)."""
         params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world, prefix_cache, kv_dtype)
         self.model_dir = pathlib.Path(model_dir)
         handle = ffi.new("tf_engine **")

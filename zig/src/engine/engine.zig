@@ -66,8 +66,7 @@ pub const Engine = struct {
     weights: glm.Weights,
     params: Params,
     pages: KvPages,
-    /// Prefix caching, when asked for and the model holds no recurrent state (a cached page would
-    /// not carry the state at its end).
+    /// Prefix caching, when asked for (a recurrent model's with `snapshots` of its state).
     prefix: ?PrefixCache,
     /// A recurrent model's state after cached pages (state_snapshots.zig); null otherwise.
     snapshots: ?state_snapshots.StateSnapshots,

@@ -283,7 +283,7 @@ fn gqaFields(f: Fields, c: *Config) Error!void {
     c.qk_norm = try f.boolean("use_qk_norm", false);
     const partial = try f.ropeNumber("partial_rotary_factor", 0.5);
     c.rotary_dim = @intFromFloat(@floor(@as(f64, @floatFromInt(c.head_dim)) * partial));
-    c.rope = try rope_mod.Rope.parseHead(f, c.rotary_dim, c.head_dim, .half, c.max_position_embeddings);
+    c.rope = try rope_mod.Rope.parse(f, c.rotary_dim, c.head_dim, .half, c.max_position_embeddings);
     c.rotary_dim = c.rope.dim; // "proportional" rotates the whole head
     c.attention_scale = @floatCast(1.0 / @sqrt(@as(f64, @floatFromInt(@max(c.head_dim, 1)))));
 }
@@ -303,7 +303,7 @@ fn mlaFields(f: Fields, c: *Config) Error!void {
     c.rotary_dim = m.rope_dim;
     // GlmMoeDsa's attention and indexer always interleave; GLM-4.7-Flash's follows rope_interleave.
     const interleave = c.class == .glm_moe_dsa or try f.boolean("rope_interleave", true);
-    c.rope = try rope_mod.Rope.parse(f, m.rope_dim, if (interleave) .interleaved else .half, c.max_position_embeddings);
+    c.rope = try rope_mod.Rope.parse(f, m.rope_dim, m.rope_dim, if (interleave) .interleaved else .half, c.max_position_embeddings);
     var scale = 1.0 / @sqrt(@as(f64, @floatFromInt(m.qkDim())));
     if (c.rope.factor) |factor| {
         // transformers' yarn_apply_mscale, for every rope_type but "default".

@@ -49,13 +49,9 @@ pub const Rope = struct {
     /// cos and sin are scaled by it (transformers' attention_scaling; 1 without YaRN).
     attention_factor: f64 = 1,
 
-    /// The RoPE fields of config.json for heads rotating `dim` dims in `style`; `head_dim` is what
-    /// "proportional" rotates instead (then `rope.dim` is head_dim).
-    pub fn parse(f: Fields, dim: usize, style: Style, max_position: usize) Error!Rope {
-        return parseHead(f, dim, dim, style, max_position);
-    }
-
-    pub fn parseHead(f: Fields, dim: usize, head_dim: usize, style: Style, max_position: usize) Error!Rope {
+    /// The RoPE fields of config.json for heads of `head_dim` dims rotating `dim` of them in
+    /// `style`; "proportional" rotates the whole head (then `rope.dim` is head_dim).
+    pub fn parse(f: Fields, dim: usize, head_dim: usize, style: Style, max_position: usize) Error!Rope {
         var rope: Rope = .{ .dim = dim, .theta = try f.ropeNumber("rope_theta", 10000.0), .style = style };
         const parameters = try f.ropeObject() orelse return rope;
         const kind_value = parameters.get("rope_type") orelse parameters.get("type") orelse return rope;

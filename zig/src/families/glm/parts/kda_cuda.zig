@@ -146,6 +146,7 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
     const slots = @max(model.limits.sequences + model.limits.state_snapshots, 1);
     const f = @sizeOf(f32);
     const width = k.width();
+    const size = slotBytes(&c);
     return .{
         .mixed = try model.alloc(rows * 3 * width * f, diag),
         .conv_out = try model.alloc(rows * 3 * width * f, diag),
@@ -154,8 +155,8 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
         .gate = try model.alloc(rows * width * f, diag),
         .beta = try model.alloc(rows * k.heads * f, diag),
         .core = try model.alloc(rows * width * f, diag),
-        .tails = try model.alloc(@max(slots * layers * (k.conv_kernel - 1) * 3 * width, 1) * f, diag),
-        .states = try model.alloc(slots * layers * k.heads * k.head_dim * k.head_dim * f, diag),
+        .tails = try model.alloc(@max(slots * size.tails, f), diag),
+        .states = try model.alloc(slots * size.states, diag),
         .slots = try model.alloc(rows * 4, diag),
         .run_starts = try model.alloc((rows + 2) * 4, diag),
         .host_runs = try model.gpa.alloc(i32, rows + 2),
@@ -166,14 +167,19 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Buffers {
 /// on the stream after the forwards before it.
 pub fn copySlot(model: *GpuModel, from: u32, to: u32, diag: *Diagnostic) Error!void {
     const b = &(model.kda orelse return);
-    const c = model.config;
+    const size = slotBytes(&model.config);
+    try model.gpu.copy(b.states + to * size.states, b.states + from * size.states, size.states, diag);
+    if (size.tails > 0) try model.gpu.copy(b.tails + to * size.tails, b.tails + from * size.tails, size.tails, diag);
+}
+
+/// One state slot's bytes in `states` (every layer's matrices) and `tails` (its convolution tails).
+fn slotBytes(c: *const Config) struct { states: usize, tails: usize } {
     const k = c.kda;
     const layers = c.countOf("attention", .kda);
-    const f = @sizeOf(f32);
-    const size = layers * k.heads * k.head_dim * k.head_dim * f;
-    const tails = layers * (k.conv_kernel - 1) * 3 * k.width() * f;
-    try model.gpu.copy(b.states + to * size, b.states + from * size, size, diag);
-    if (tails > 0) try model.gpu.copy(b.tails + to * tails, b.tails + from * tails, tails, diag);
+    return .{
+        .states = layers * k.heads * k.head_dim * k.head_dim * @sizeOf(f32),
+        .tails = layers * (k.conv_kernel - 1) * 3 * k.width() * @sizeOf(f32),
+    };
 }
 
 /// The batch's sequence slots and runs (consecutive rows of one sequence) to the device: run
