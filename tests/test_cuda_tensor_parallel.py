@@ -43,6 +43,11 @@ def check_tp2_on_one_gpu(monkeypatch, directory, token_lists: dict, greedy_token
                 expected = other.logits(tokens)
                 within(max(relative_l2(ours[t], expected[t]) for t in range(len(tokens))), TOL, f"GPU TP=2 vs {label}, {name}")
             assert engine.generate(tokens, greedy_tokens, stop_token_ids=[]) == reference.generate(tokens, greedy_tokens, stop_token_ids=[]), name
+            # Rank 0 samples on its GPU as one GPU does: the same draws give the same tokens.
+            sampled = dict(temperature=0.8, top_p=0.9, seed=21, stop_token_ids=[])
+            before = engine.stats()["gpu_sampled"]
+            assert engine.generate(tokens, 8, **sampled) == one_gpu.generate(tokens, 8, **sampled), name
+            assert engine.stats()["gpu_sampled"] == before + 8, "rank 0 did not sample on its GPU"
         stats = engine.stats()
         assert stats["pages_free"] == stats["pages_total"] and stats["sequences_live"] == 0
         engine.close()
@@ -82,3 +87,28 @@ def test_fixtures_at_gpu_tp2(monkeypatch, family):
     root = fixture_or_skip() if family == "glm5_next" else family_or_skip(family)
     token_lists = json.loads((root / "prompts.json").read_text())
     check_tp2_on_one_gpu(monkeypatch, root / "exl3_3.0bpw", {k: token_lists[k] for k in ("chat", "long")})
+
+
+def test_rank_0_times_its_step_with_the_all_reduces(monkeypatch):
+    """The step timeline on rank 0 of a GPU group: every layer's two sums are entries of their own
+    (here the TCP collective staged through host memory; NCCL's are "nccl_all_reduce")."""
+    directory = checkpoint_dir("3.0")
+    monkeypatch.setenv("TRELLISFORGE_TP_COLLECTIVE", "tcp")
+    monkeypatch.setenv("TRELLISFORGE_GPU", "0")
+    master = f"127.0.0.1:{free_port()}"
+    worker = start_worker(directory, 1, master, backend="cuda")
+    try:
+        layers = json.loads((directory / "config.json").read_text())["num_hidden_layers"]
+        with trellisforge.Engine(directory, backend="cuda", max_seqs=2, tp_world=2, tp_master=master, kv_dtype="f16") as engine:
+            engine.add(prompts()["chat"], trellisforge.Sampling(max_tokens=3), stop_token_ids=[])
+            engine.step()
+            engine.time_next_step()
+            engine.step()
+            timeline = engine.timeline()
+        sums = [e for e in timeline if e["name"] == "host_all_reduce"]
+        assert sorted(e["layer"] for e in sums) == sorted(list(range(layers)) * 2)
+        assert timeline[-1]["name"].startswith("tf_logits_summary") and all(e["micros"] >= 0 for e in timeline)
+        assert worker.wait(timeout=60) == 0, worker.stdout.read()
+    finally:
+        if worker.poll() is None:
+            worker.kill()

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", default="1,4", help="the greedy decode rows' stream counts, comma-separated")
     parser.add_argument("--sampled-streams", type=int, default=1, help="streams of the sampled decode row (0: no such row)")
     parser.add_argument("--kv-dtype", default="f16", choices=["f32", "f16", "fp8"], help="what the KV cache stores")
-    parser.add_argument("--profile", action="store_true", help="a kernel timeline of one step of each greedy decode row and of a prompt chunk (cuda, tp 1)")
+    parser.add_argument("--profile", action="store_true", help="a kernel timeline of one step of each greedy decode row and of a prompt chunk (cuda; at --tp, rank 0's, its all-reduces named)")
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.synthetic is None):
         parser.error("give MODEL_DIR or --synthetic SHAPE")

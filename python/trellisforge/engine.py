@@ -192,7 +192,7 @@ class Engine:
             "kv_bytes_per_token")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype], "programmatic_launch": bool(out.programmatic_launch)}
 
     def time_next_step(self) -> None:
-        """Times the next `step`'s forward launch by launch (the cuda backend on one GPU); read it
+        """Times the next `step`'s forward launch by launch (the cuda backend: one GPU, or rank 0 of a GPU group); read it
         with `timeline` after that step."""
         with self._lock:
             check(lib.tf_engine_time_next_step(self._live()))

@@ -10,7 +10,8 @@
 //!   mla           MLA's head products for a prompt chunk's rows equal the decode step's kernels
 //!                 bit for bit, and both vs f64 (mla_suite.zig)
 //!   nccl [--world N --rank R --master HOST:PORT]
-//!                 all-reduce, broadcast and all-gather exact, and the all-reduce bus bandwidth;
+//!                 all-reduce, broadcast and all-gather exact, the all-reduce replayed from a
+//!                 graph, and the all-reduce bus bandwidth;
 //!                 one process per GPU, the unique id sent from rank 0 over TCP
 const std = @import("std");
 const tf = @import("trellisforge");
@@ -270,6 +271,30 @@ fn ncclSuite(gpa: std.mem.Allocator, gpu: *cuda.Gpu, options: NcclOptions, repor
         for (host[r * count ..][0..count], 0..) |v, i| wrong += @intFromBool(v != value.at(r, i));
     }
     report.check(wrong == 0, "nccl all-gather of {d} floats per rank: {d} wrong", .{ count, wrong });
+
+    // The all-reduce recorded in a graph, as a tensor-parallel rank records its forward, and the
+    // graph replayed over new contents: each replay sums what the buffer holds then.
+    try gpu.synchronize(diag);
+    try cuda.gpu.Graph.beginCapture(gpu, diag);
+    nccl.allReduceSum(comm, buffer, count, .float32, stream, diag) catch |err| {
+        _ = cuda.gpu.Graph.endCapture(gpu, false, diag) catch {};
+        return err;
+    };
+    var graph = try cuda.gpu.Graph.endCapture(gpu, true, diag);
+    defer graph.destroy(gpu);
+    wrong = 0;
+    for (0..3) |replay| {
+        for (host[0..count], 0..) |*v, i| v.* = value.at(options.rank + replay, i);
+        try gpu.upload(buffer, std.mem.sliceAsBytes(host[0..count]), diag);
+        try graph.launch(gpu, diag);
+        try gpu.download(std.mem.sliceAsBytes(host[0..count]), buffer, diag);
+        for (host[0..count], 0..) |v, i| {
+            var expected: f32 = 0;
+            for (0..options.world) |r| expected += value.at(r + replay, i);
+            wrong += @intFromBool(v != expected);
+        }
+    }
+    report.check(wrong == 0, "nccl all-reduce recorded in a graph, replayed 3 times over new values: {d} wrong", .{wrong});
 
     // Bus bandwidth of a 256 MiB all-reduce, as nccl-tests reports it: 2(n-1)/n x size / time.
     const big_count: usize = 64 << 20;

@@ -9,6 +9,7 @@ const core = @import("../core/root.zig");
 const glm = @import("../families/glm/root.zig");
 const tcp = @import("../dist/tcp.zig");
 const nccl_mod = @import("../dist/nccl.zig");
+const gpu_sampling = @import("../cuda/sampling.zig");
 const Diagnostic = core.Diagnostic;
 
 pub const Error = glm.shard.Error || tcp.Error || glm.cuda_model.Error || nccl_mod.Error;
@@ -201,6 +202,28 @@ pub const Rank = struct {
 
     /// Rank 0: one forward of `batch` on every rank; the logits as forward_cpu.forward.
     pub fn forward(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
+        try self.sendPlan(batch, diag);
+        try self.run(batch, logits, null, diag);
+    }
+
+    /// Rank 0 on a GPU: one forward of `batch` on every rank, its logits summarized and sampled on
+    /// rank 0's GPU as GpuModel.forwardSummarized does on one GPU (no logits row crosses to the
+    /// host unless `wanted` asks for it).
+    pub fn forwardSummarized(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, out: Summarized, diag: *Diagnostic) Error!void {
+        std.debug.assert(self.gpu != null);
+        try self.sendPlan(batch, diag);
+        try self.run(batch, logits, out, diag);
+    }
+
+    /// What forwardSummarized fills beside the logits (GpuModel.forwardSummarized's arguments).
+    pub const Summarized = struct {
+        summaries: []core.LogitsSummary,
+        wanted: ?[]const bool,
+        jobs: []const gpu_sampling.Job,
+        choices: []gpu_sampling.Choice,
+    };
+
+    fn sendPlan(self: *Rank, batch: glm.forward_cpu.Batch, diag: *Diagnostic) Error!void {
         std.debug.assert(self.rank == 0);
         if (self.failure) |failed| {
             diag.* = failed;
@@ -226,7 +249,6 @@ pub const Rank = struct {
             try peer.sendAll(std.mem.sliceAsBytes(self.copies[0..self.copies_len]), diag);
         }
         self.copies_len = 0;
-        try self.run(batch, logits, diag);
     }
 
     /// Rank > 0: serves plans until the master shuts down (returns) or fails (error).
@@ -272,7 +294,7 @@ pub const Rank = struct {
                 return error.NetworkFailed;
             };
             for (copies) |pair| try self.copyLocalState(pair[0], pair[1], diag);
-            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{}, .prompt = self.prompt[0..rows], .sequences = slots }, &.{}, diag);
+            try self.run(.{ .tokens = tokens, .positions = positions, .page_tables = self.tables[0..rows], .logits_rows = &.{}, .prompt = self.prompt[0..rows], .sequences = slots }, &.{}, null, diag);
             self.master.setTimeout(0);
         }
     }
@@ -297,10 +319,16 @@ pub const Rank = struct {
 
     const ReduceContext = struct { self: *Rank, diag: *Diagnostic, failed: bool };
 
-    fn run(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
+    fn run(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, summarized: ?Summarized, diag: *Diagnostic) Error!void {
         var context: ReduceContext = .{ .self = self, .diag = diag, .failed = false };
         if (self.gpu) |model| {
-            model.forwardRank(batch, logits, .{ .context = &context, .sum = reduceGpu }, diag) catch |err| {
+            // NCCL's all-reduce is queued on the stream, so the forward can be recorded with it.
+            const sum: glm.cuda_model.GpuModel.Reduce = .{ .context = &context, .sum = reduceGpu, .recordable = self.comm != null and !core.switches.off("TF_CUDA_TP_GRAPHS") };
+            const ran = if (summarized) |out|
+                model.forwardSummarized(batch, logits, out.summaries, out.wanted, out.jobs, out.choices, sum, diag)
+            else
+                model.forwardRank(batch, logits, sum, diag);
+            ran catch |err| {
                 if (self.rank == 0) self.failure = diag.*;
                 return if (context.failed) error.NetworkFailed else err;
             };
@@ -317,6 +345,7 @@ pub const Rank = struct {
     fn reduceGpu(opaque_context: *anyopaque, model: *glm.cuda_model.GpuModel, buffer: u64, count: usize, diag: *Diagnostic) anyerror!void {
         const context: *ReduceContext = @ptrCast(@alignCast(opaque_context));
         const self = context.self;
+        if (model.gpu.timeline) |timeline| try timeline.mark(&model.gpu, if (self.comm != null) "nccl_all_reduce" else "host_all_reduce", diag);
         if (self.comm != null) {
             return self.nccl.?.allReduceSum(self.comm, buffer, count, .float32, @ptrCast(model.gpu.stream), diag);
         }

@@ -457,7 +457,7 @@ pub const Engine = struct {
             const masked = sequence.mask_state == .masked;
             wanted.* = sampler.needsLogits(&sequence.sampling) or masked;
             job.* = null;
-            if (masked or engine.gpu_model == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
+            if (masked or engine.gpuModel() == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
             // The GPU samples this row: its logits stay there, the generator's draw goes to it.
             const p = &sequence.sampling;
             engine.sample_jobs[jobs] = .{ .row = @intCast(i), .temperature = p.temperature, .top_p = p.top_p, .top_k = p.top_k, .min_p = p.min_p, .u = sampler.drawUniform(sequence.prng.random()) };
@@ -497,9 +497,12 @@ pub const Engine = struct {
         };
         const logits = engine.logits[0 .. logits_count * engine.config().vocab_size];
         const summaries = engine.summaries[0..logits_count];
+        const jobs_run = engine.sample_jobs[0..jobs];
+        const choices = engine.sample_choices[0..jobs];
         if (engine.gpu_model) |model| {
-            return model.forwardSummarized(batch, logits, summaries, wanted, engine.sample_jobs[0..jobs], engine.sample_choices[0..jobs], diag);
+            return model.forwardSummarized(batch, logits, summaries, wanted, jobs_run, choices, null, diag);
         } else if (engine.distributed_rank) |rank| {
+            if (rank.gpu != null) return rank.forwardSummarized(batch, logits, .{ .summaries = summaries, .wanted = wanted, .jobs = jobs_run, .choices = choices }, diag);
             try rank.forward(batch, logits, diag);
         } else if (engine.tensor_parallel) |group| {
             group.forward(batch, logits);
@@ -508,6 +511,14 @@ pub const Engine = struct {
         }
         const vocab = engine.config().vocab_size;
         for (summaries, 0..) |*summary, i| summary.* = core.LogitsSummary.of(logits[i * vocab ..][0..vocab]);
+    }
+
+    /// The GPU forward this process summarizes and samples on: one GPU's, or rank 0's of a
+    /// tensor-parallel group on GPUs.
+    pub fn gpuModel(engine: *const Engine) ?*glm.cuda_model.GpuModel {
+        if (engine.gpu_model) |model| return model;
+        if (engine.distributed_rank) |rank| return rank.gpu;
+        return null;
     }
 
     fn activeInIdOrder(engine: *const Engine, order: *[256]u32) []const u32 {

@@ -22,11 +22,11 @@ pub fn of(engine: *const Engine) Stats {
         .sequences_max = engine.params.sequences_max,
         .context_tokens_max = engine.params.context_tokens_max,
         .vocab_size = @intCast(engine.config().vocab_size),
-        .graph_replays = if (engine.gpu_model) |model| model.graph_replays else 0,
-        .prompt_rows = if (engine.gpu_model) |model| model.prompt_rows else 0,
-        .prompt_layers = if (engine.gpu_model) |model| model.promptLayers() else 0,
+        .graph_replays = if (engine.gpuModel()) |model| model.graph_replays else 0,
+        .prompt_rows = if (engine.gpuModel()) |model| model.prompt_rows else 0,
+        .prompt_layers = if (engine.gpuModel()) |model| model.promptLayers() else 0,
         .gpu_sampled = engine.gpu_sampled,
-        .kv_pairs = if (engine.gpu_model) |model| model.kvPairs() else 0,
+        .kv_pairs = if (engine.gpuModel()) |model| model.kvPairs() else 0,
         .state_bytes_per_sequence = 4 * glm.cache.floatsPerSequence(engine.config()),
         .state_bytes_total = 4 * glm.cache.floatsPerSequence(engine.config()) * (engine.params.sequences_max + if (engine.snapshots) |s| s.pages.len else 0),
         .prefix_cache = @intFromBool(engine.prefix != null),
@@ -35,6 +35,6 @@ pub fn of(engine: *const Engine) Stats {
         .prefix_miss_tokens = if (engine.prefix) |c| c.miss_tokens else 0,
         .kv_dtype = engine.params.kv_dtype,
         .kv_bytes_per_token = glm.cache.bytesPerToken(engine.config(), params_mod.kvDtype(engine.params)),
-        .programmatic_launch = @intFromBool(if (engine.gpu_model) |model| model.gpu.programmatic else false),
+        .programmatic_launch = @intFromBool(if (engine.gpuModel()) |model| model.gpu.programmatic else false),
     };
 }

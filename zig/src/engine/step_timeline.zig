@@ -26,8 +26,8 @@ comptime {
 }
 
 fn modelOf(engine: *Engine, diag: *Diagnostic) Error!*@import("../families/glm/root.zig").cuda_model.GpuModel {
-    return engine.gpu_model orelse {
-        diag.set("a step timeline needs the cuda backend on one GPU in this process", .{});
+    return engine.gpuModel() orelse {
+        diag.set("a step timeline needs the cuda backend in this process (one GPU, or rank 0 of a tensor-parallel group)", .{});
         return error.InvalidArgument;
     };
 }

@@ -6,8 +6,7 @@
 //! Generated rows take the trellis GEMV; prompt rows take the tensor-core prompt kernels for every
 //! EXL3 linear they can, so a row's numbers never depend on its batch (parts/linear_cuda.zig).
 //! f32 arithmetic, the trellis decoded per item. Forwards of few rows (decode steps) are recorded
-//! once per (rows, logits rows, which paths run) as a CUDA graph and replayed: a GLM-4.5-Air
-//! step is ~1800 launches, whose host cost and gaps a replay removes. A greedy row crosses to the
+//! as CUDA graphs and replayed (cuda_replay.zig). A greedy row crosses to the
 //! host as its logits summary, a row sampled with temperature/top-k/top-p/min-p as the token the
 //! GPU drew (cuda/sampling.zig); other rows' logits are copied back for the host sampler.
 const std = @import("std");
@@ -25,6 +24,7 @@ const mla_cuda = @import("parts/mla_cuda.zig");
 const dsa_cuda = @import("parts/dsa_cuda.zig");
 const kda_cuda = @import("parts/kda_cuda.zig");
 const hyper_cuda = @import("parts/hyper_cuda.zig");
+const replay = @import("cuda_replay.zig");
 const Diagnostic = core.Diagnostic;
 const Ptr = cuda.gpu.DevicePtr;
 const K = cuda.glm_kernels;
@@ -65,11 +65,6 @@ pub const Limits = struct {
 pub const graph_rows_max = 64;
 /// Steps of up to this many rows spread attention over splits (more rows fill the GPU as they are).
 pub const attention_spread_rows_max = 32;
-const graph_slots = 16;
-
-/// A recording is keyed by what changes its launches: rows, logits rows, and which paths run.
-const GraphKey = struct { rows: usize, wanted: usize, prompt: bool, decode: bool, tiles: bool, rest: bool };
-const GraphSlot = struct { key: GraphKey, graph: cuda.gpu.Graph };
 
 pub const GpuModel = struct {
     gpa: std.mem.Allocator,
@@ -105,7 +100,7 @@ pub const GpuModel = struct {
     config: Config,
     limits: Limits,
     allocations: std.ArrayList(Ptr),
-    graphs: [graph_slots]?GraphSlot,
+    graphs: [replay.slots]?replay.Slot,
     graph_next: usize,
     graphs_enabled: bool,
     graph_replays: u64,
@@ -375,6 +370,9 @@ pub const GpuModel = struct {
     pub const Reduce = struct {
         context: *anyopaque,
         sum: *const fn (context: *anyopaque, model: *GpuModel, buffer: Ptr, count: usize, diag: *Diagnostic) anyerror!void,
+        /// The sum is queued on the model's stream (NCCL), not run by the host between launches:
+        /// a forward with it can be recorded as a graph, the collectives inside.
+        recordable: bool = false,
     };
 
     /// Attention layers whose k and v projections run as one launch.
@@ -418,11 +416,12 @@ pub const GpuModel = struct {
     /// `forward` for sampling: every logits row's summary, the logits of the rows `wanted` names
     /// (all when null), and the tokens the GPU samples for `jobs` into `choices`. A greedy row
     /// crosses to the host as its 16-byte summary, a GPU-sampled one as its 8-byte choice.
-    pub fn forwardSummarized(model: *GpuModel, batch: Batch, logits: []f32, summaries: []core.LogitsSummary, wanted: ?[]const bool, jobs: []const cuda.sampling.Job, choices: []cuda.sampling.Choice, diag: *Diagnostic) Error!void {
+    /// With `reduce`, tensor-parallel rank 0 (the rank that runs lm_head) as forwardRank.
+    pub fn forwardSummarized(model: *GpuModel, batch: Batch, logits: []f32, summaries: []core.LogitsSummary, wanted: ?[]const bool, jobs: []const cuda.sampling.Job, choices: []cuda.sampling.Choice, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const vocab = model.config.vocab_size;
         const count = batch.logits_rows.len;
         std.debug.assert(summaries.len == count and choices.len == jobs.len and jobs.len <= count);
-        try model.run(batch, null, diag);
+        try model.run(batch, reduce, diag);
         if (count > 0) try model.gpu.downloadAsync(std.mem.sliceAsBytes(summaries), model.summaries, diag);
         if (jobs.len > 0) {
             try model.gpu.upload(model.sample_jobs, std.mem.sliceAsBytes(jobs), diag);
@@ -463,75 +462,12 @@ pub const GpuModel = struct {
 
     /// The batch to the device and the forward queued, replayed from a recording when it can be.
     fn run(model: *GpuModel, batch: Batch, reduce: ?Reduce, diag: *Diagnostic) Error!void {
-        const rows = batch.rows();
-        const wanted = batch.logits_rows.len;
         try model.uploadBatch(batch, diag);
-        if (model.timeline_armed) return model.runTimed(rows, wanted, reduce, diag);
-        // A rank's reduction runs on the host between launches: it cannot be recorded.
-        if (reduce == null and model.graphs_enabled and rows <= graph_rows_max) {
-            const graph = try model.graphFor(.{ .rows = rows, .wanted = wanted, .prompt = model.step_prompt, .decode = model.step_decode, .tiles = model.step_tiles > 0, .rest = model.step_rest }, diag);
-            try graph.launch(&model.gpu, diag);
-            model.graph_replays += 1;
-        } else {
-            try model.enqueue(rows, wanted, reduce, diag);
-        }
-    }
-
-    /// `run` with an event before each launch: recorded as a graph of its own where a step would
-    /// be replayed (uploaded before its launch, so the launch runs as a replay does), else queued.
-    fn runTimed(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
-        model.timeline_armed = false;
-        const timeline = model.timeline.?;
-        if (model.timeline_graph) |*graph| graph.destroy(&model.gpu);
-        model.timeline_graph = null;
-        const record = reduce == null and model.graphs_enabled and rows <= graph_rows_max;
-        timeline.begin(record);
-        model.gpu.timeline = timeline;
-        defer model.gpu.timeline = null;
-        if (!record) {
-            try model.enqueue(rows, wanted, reduce, diag);
-            return timeline.close(&model.gpu, diag);
-        }
-        var graph = try model.recordForward(rows, wanted, diag);
-        errdefer graph.destroy(&model.gpu);
-        try graph.upload(&model.gpu, diag);
-        try graph.launch(&model.gpu, diag);
-        model.timeline_graph = graph;
-    }
-
-    /// The forward of `rows` rows recorded as a graph (with the timeline's closing event when one is
-    /// being taken), the stream left out of capture whatever fails.
-    fn recordForward(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!cuda.gpu.Graph {
-        try cuda.gpu.Graph.beginCapture(&model.gpu, diag);
-        model.enqueueRecorded(rows, wanted, diag) catch |err| {
-            _ = cuda.gpu.Graph.endCapture(&model.gpu, false, diag) catch {};
-            return err;
-        };
-        return cuda.gpu.Graph.endCapture(&model.gpu, true, diag);
-    }
-
-    fn enqueueRecorded(model: *GpuModel, rows: usize, wanted: usize, diag: *Diagnostic) Error!void {
-        try model.enqueue(rows, wanted, null, diag);
-        if (model.gpu.timeline) |timeline| try timeline.close(&model.gpu, diag);
-    }
-
-    /// The recorded forward of `rows` rows with `wanted` logits rows, recorded on first use. Every
-    /// launch reads its per-step inputs (tokens, positions, page tables, logits rows) from device
-    /// buffers that `uploadBatch` refills, so one recording serves every step of that size.
-    fn graphFor(model: *GpuModel, key: GraphKey, diag: *Diagnostic) Error!cuda.gpu.Graph {
-        for (model.graphs) |slot| if (slot) |entry| {
-            if (std.meta.eql(entry.key, key)) return entry.graph;
-        };
-        const graph = try model.recordForward(key.rows, key.wanted, diag);
-        const slot = &model.graphs[model.graph_next % graph_slots];
-        model.graph_next += 1;
-        if (slot.*) |*old| old.graph.destroy(&model.gpu);
-        slot.* = .{ .key = key, .graph = graph };
-        return graph;
+        try replay.run(model, batch.rows(), batch.logits_rows.len, reduce, diag);
     }
 
     /// Queues the whole forward on the stream; the batch is already on the device.
-    fn enqueue(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
+    pub fn enqueue(model: *GpuModel, rows: usize, wanted: usize, reduce: ?Reduce, diag: *Diagnostic) Error!void {
         const c = model.config;
         const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
         if (c.hyper.mult > 0) return hyper_cuda.enqueue(model, k, rows, wanted, reduce, diag);
