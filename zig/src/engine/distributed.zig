@@ -20,6 +20,14 @@ pub const Collective = enum(u32) {
     tcp = 0,
     /// NCCL on the GPUs' stream (one GPU per rank).
     nccl = 1,
+
+    /// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or
+    /// no NCCL); the CPU backend always reduces over TCP.
+    pub fn choose(on_gpus: bool) Collective {
+        if (!on_gpus) return .tcp;
+        const choice = std.c.getenv("TRELLISFORGE_TP_COLLECTIVE") orelse return .nccl;
+        return if (std.mem.eql(u8, std.mem.span(choice), "tcp")) .tcp else .nccl;
+    }
 };
 
 pub const ranks_max = 16;

@@ -198,7 +198,7 @@ pub const Engine = struct {
             engine.distributed_rank = try distributed.Rank.initMaster(gpa, &engine.weights, .{
                 .world = p.tp_world,
                 .backend = @intCast(p.backend),
-                .collective = @backingInt(tpCollective(p)),
+                .collective = @backingInt(distributed.Collective.choose(p.backend == @backingInt(Backend.cuda))),
                 .logits_rows_max = @intCast(engine.logits_rows_max),
                 .rows_max = p.rows_max,
                 .context_max = p.context_tokens_max,
@@ -584,14 +584,6 @@ pub const Engine = struct {
     /// Engine.logits() and the batch-invariance checks (prompt_logits.zig).
     pub const promptLogits = @import("prompt_logits.zig").promptLogits;
 };
-
-/// NCCL between GPUs unless TRELLISFORGE_TP_COLLECTIVE=tcp (several ranks sharing one GPU, or no
-/// NCCL); the CPU backend always reduces over TCP.
-fn tpCollective(p: Params) distributed.Collective {
-    if (p.backend != @backingInt(Backend.cuda)) return .tcp;
-    const choice = std.c.getenv("TRELLISFORGE_TP_COLLECTIVE") orelse return .nccl;
-    return if (std.mem.eql(u8, std.mem.span(choice), "tcp")) .tcp else .nccl;
-}
 
 var seed_counter: std.atomic.Value(u64) = .init(0x9E3779B97F4A7C15);
 
