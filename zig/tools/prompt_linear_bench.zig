@@ -1,10 +1,12 @@
 //! tf-bench's prompt-rows table for plain EXL3 linears (`tf-bench --prompt-linears`): the
 //! attention projections a prefill chunk runs on the prompt kernels (GLM-4.5-Air's q/k/o,
 //! GLM-4.7-Flash's q_b/o, GLM-5.3-Flash's fused KDA qkv and its o_proj; 3 bits, MUL1) at 64, 256
-//! and 1024 rows, in each of exl3_prompt.LinearForm's forms (*: the one the engine chooses):
+//! and 1024 rows, in each of exl3_prompt.LinearForm's forms and, for a weight that
+//! exl3_prompt.deepSplits splits over k, the deep launch (*: the one the engine chooses):
 //! the sort, rotate and matmul launches as the engine runs them, each linear laid out in enough
 //! copies that a recorded graph's calls read DRAM. Every form's outputs are compared bit for bit
-//! with the wide form's (they compute the same chains). Reported: us per call, weight MB and their
+//! with the wide form's (they compute the same chains); the deep launch's (other chains) by their
+//! relative L2 against wide's. Reported: us per call, weight MB and their
 //! GB/s as % of copy bandwidth (the weight is read once per call; each form decodes it once per
 //! group of rows, so this is a decode rate, not a byte count).
 const std = @import("std");
@@ -36,7 +38,7 @@ const spread_bytes = 256 << 20;
 
 pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prompt_module: *const P.Module, copy_gbs: f64, diag: *Diagnostic) !void {
     say("\nplain EXL3 linears' prompt rows (3 bits, MUL1; each form's bits against wide's)\n", .{});
-    say("{s:<10} {s:>6} {s:>6} {s:>5} {s:>7} {s:>7} {s:>10} {s:>9} {s:>8} {s:>6}\n", .{ "linear", "in", "out", "M", "form", "blocks", "us/call", "MB", "% copy", "bits" });
+    say("{s:<10} {s:>6} {s:>6} {s:>5} {s:>7} {s:>7} {s:>10} {s:>9} {s:>8} {s:>8}\n", .{ "linear", "in", "out", "M", "form", "blocks", "us/call", "MB", "% copy", "bits" });
     for (shapes) |shape| {
         for (row_counts) |m| try measure(gpa, gpu, module, prompt_module, shape, m, copy_gbs, diag);
     }
@@ -63,7 +65,7 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prom
     defer gpu.free(rows_table);
     try gpu.upload(rows_table, std.mem.sliceAsBytes(zeros), diag);
     var need: P.Need = .{};
-    need.linear(m, k_p);
+    need.linear(m, k_p, n_p);
     var taken: std.ArrayList(Ptr) = .empty;
     defer {
         for (taken.items) |p| gpu.free(p);
@@ -88,13 +90,19 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prom
     defer gpa.free(wide);
     const other = try gpa.alloc(f32, m * n_p);
     defer gpa.free(other);
-    const chosen = P.LinearForm.choose(n_p, m, gpu.multiprocessors);
-    for ([_]P.LinearForm{ .wide, .narrow }) |form| {
-        const launcher: P.Launcher = .{ .glm = k, .module = prompt_module, .linear_form = form };
+    const splits = P.deepSplits(k_p, n_p);
+    const chosen: Form = if (splits > 1) .deep else switch (P.LinearForm.choose(n_p, m, gpu.multiprocessors)) {
+        .wide => .wide,
+        .narrow => .narrow,
+    };
+    for ([_]Form{ .wide, .narrow, .deep }) |form| {
+        if (form == .deep and splits == 1) continue;
+        const launcher: P.Launcher = .{ .glm = k, .module = prompt_module, .linear_form = if (form == .wide) .wide else .narrow, .deep = form == .deep };
         try gpu.zero(y, m * n_p * 4, diag);
         try launcher.runLinear(scratch, x, m, 1, rows_table, table, prompt_shape, k_p, n_p, y);
         try gpu.download(std.mem.sliceAsBytes(if (form == .wide) wide else other), y, diag);
         const same = form == .wide or std.mem.eql(u32, @ptrCast(wide), @ptrCast(other));
+        const agree = if (form == .deep) relativeL2(other, wide) else 0;
 
         try cuda.gpu.Graph.beginCapture(gpu, diag);
         for (0..calls) |call| {
@@ -111,7 +119,29 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prom
         const name = if (form == chosen) switch (form) {
             .wide => "wide*",
             .narrow => "narrow*",
+            .deep => "deep*",
         } else @tagName(form);
-        say("{s:<10} {d:>6} {d:>6} {d:>5} {s:>7} {d:>7} {d:>10.1} {d:>9.2} {d:>7.1}% {s:>6}\n", .{ shape.name, k_p, n_p, m, name, form.blocks(n_p, m), us, mb, 100 * gbs / copy_gbs, if (same) "same" else "DIFFER" });
+        const blocks = switch (form) {
+            .wide => P.LinearForm.wide.blocks(n_p, m),
+            .narrow => P.LinearForm.narrow.blocks(n_p, m),
+            .deep => P.LinearForm.narrow.blocks(n_p, m) * splits,
+        };
+        // The deep launch's k splits make other chains: its outputs against wide's as a relative L2.
+        var verdict: [16]u8 = undefined;
+        const bits_text = if (form == .deep) try std.fmt.bufPrint(&verdict, "{e:.1}", .{agree}) else if (same) "same" else "DIFFER";
+        say("{s:<10} {d:>6} {d:>6} {d:>5} {s:>7} {d:>7} {d:>10.1} {d:>9.2} {d:>7.1}% {s:>8}\n", .{ shape.name, k_p, n_p, m, name, blocks, us, mb, 100 * gbs / copy_gbs, bits_text });
     }
+}
+
+/// The plain forms (LinearForm) and the deep launch (k splits, exl3_prompt.deepSplits).
+const Form = enum { wide, narrow, deep };
+
+fn relativeL2(a: []const f32, b: []const f32) f64 {
+    var diff: f64 = 0;
+    var norm: f64 = 0;
+    for (a, b) |x, y| {
+        diff += (@as(f64, x) - y) * (@as(f64, x) - y);
+        norm += @as(f64, y) * y;
+    }
+    return @sqrt(diff / @max(norm, 1e-300));
 }

@@ -86,7 +86,8 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
     const int column = chunk * kPromptWarps + warp;
     const uint32_t* const ring[2] = {tile_column(gate, column, 2 * K), tile_column(up, column, 2 * K)};
     tf::PromptAcc acc;
-    tf::prompt_matmul<K, CB, 2>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, reinterpret_cast<half*>(shared), acc);
+    tf::prompt_matmul<K, CB, 2>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, 0, in.k_p / tf::kPromptSlab,
+                                reinterpret_cast<half*>(shared), acc);
 
     const uint16_t* down_suh = down_table[layer].suh;
     float* staged = reinterpret_cast<float*>(shared);
@@ -121,8 +122,11 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
 // A block per (128·kCols output columns, group). kCols = 2: each warp takes two tile columns
 // (tf_exl3_prompt_down); 1: one (tf_exl3_prompt_narrow: twice the blocks, for a narrow weight or a
 // short chunk). The same chains either way, so the same bits: the host picks by the shape and the
-// chunk's rows (exl3_prompt.zig, LinearForm).
-template <int K, int CB, int kCols = 2>
+// chunk's rows (exl3_prompt.zig, LinearForm). kDeep (tf_exl3_prompt_deep, one tile column a warp):
+// block z of gridDim.z takes the z-th of as many equal k ranges and writes its rotated, scaled
+// partial to y[(z·slots + item)·out_features + n], which tf_exl3_prompt_deep_sum adds in z order
+// with the bias: a narrow weight's few column blocks times the splits fill the GPU.
+template <int K, int CB, int kCols = 2, bool kDeep = false>
 __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
                                           int n_p, int out_features, unsigned char* shared) {
     const int group = blockIdx.y;
@@ -138,7 +142,12 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
     ring[0] = tile_column(layer, column, 2 * K);
     if constexpr (kCols == 2) ring[1] = second ? tile_column(layer, column + kPromptWarps, 2 * K) : nullptr;
     tf::PromptAccOf<kCols> acc;
-    tf::prompt_matmul<K, CB, 1, kCols>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, reinterpret_cast<half*>(shared), acc);
+    const int slabs = in.k_p / tf::kPromptSlab;
+    const int split = kDeep ? static_cast<int>(blockIdx.z) : 0;
+    const int splits = kDeep ? static_cast<int>(gridDim.z) : 1;
+    tf::prompt_matmul<K, CB, 1, kCols>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, split * slabs / splits,
+                                       (split + 1) * slabs / splits, reinterpret_cast<half*>(shared), acc);
+    if constexpr (kDeep) y += static_cast<size_t>(split) * in.slots * out_features;
 
     float* staged = reinterpret_cast<float*>(shared);
     const int halves = second ? 2 : 1;
@@ -159,7 +168,7 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
                 const int n = blockIdx.x * 128 * kCols + c * 128 + 4 * lane + i;
                 if (n >= out_features) continue;
                 float value = v[i] * half_bits(layer.svh, n);
-                if (layer.bias) value += layer.bias[n];
+                if (!kDeep && layer.bias) value += layer.bias[n];
                 y[static_cast<size_t>(item) * out_features + n] = value;
             }
         }
@@ -172,6 +181,13 @@ template <int K, int CB>
 __device__ __forceinline__ void narrow_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
                                             int n_p, int out_features, unsigned char* shared) {
     down_body<K, CB, 1>(table, g, in, y, n_p, out_features, shared);
+}
+
+// tf_exl3_prompt_deep{,3,2}: narrow_body over one of gridDim.z k ranges, its partial to y's split.
+template <int K, int CB>
+__device__ __forceinline__ void deep_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
+                                          int n_p, int out_features, unsigned char* shared) {
+    down_body<K, CB, 1, true>(table, g, in, y, n_p, out_features, shared);
 }
 }  // namespace
 
@@ -260,3 +276,26 @@ TF_PROMPT_OUT(tf_exl3_prompt_down2, 2, down_body, tf::prompt_shared_bytes(2))
 TF_PROMPT_OUT(tf_exl3_prompt_narrow, 4, narrow_body, tf::prompt_shared_bytes(1))
 TF_PROMPT_OUT(tf_exl3_prompt_narrow3, 3, narrow_body, tf::prompt_shared_bytes(1))
 TF_PROMPT_OUT(tf_exl3_prompt_narrow2, 2, narrow_body, tf::prompt_shared_bytes(1))
+TF_PROMPT_OUT(tf_exl3_prompt_deep, 4, deep_body, tf::prompt_shared_bytes(1))
+TF_PROMPT_OUT(tf_exl3_prompt_deep3, 3, deep_body, tf::prompt_shared_bytes(1))
+TF_PROMPT_OUT(tf_exl3_prompt_deep2, 2, deep_body, tf::prompt_shared_bytes(1))
+
+// After tf_exl3_prompt_deep{,3,2}: y[item] = the splits' partials added in split order, plus the
+// bias (table entry 0's: a plain linear's). A block per (256 columns, slot in use).
+extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_deep_sum(
+    const Exl3Layer* __restrict__ table, const int* __restrict__ sorted_items, const int* __restrict__ group_first,
+    const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,
+    const float* __restrict__ partials, float* __restrict__ y, int slots, int out_features, int splits) {
+    tf_wait_prior_grid();
+    const Groups g{sorted_items, group_first, group_count, group_layer, group_total};
+    const int slot = blockIdx.y;
+    const int n = blockIdx.x * 256 + threadIdx.x;
+    if (n >= out_features || slot >= used_slots(g)) return;
+    const size_t item = sorted_items[slot];
+    const size_t stride = static_cast<size_t>(slots) * out_features;
+    float sum = partials[item * out_features + n];
+    for (int split = 1; split < splits; ++split) sum = __fadd_rn(sum, partials[split * stride + item * out_features + n]);
+    const float* bias = table[0].bias;
+    if (bias) sum = __fadd_rn(sum, bias[n]);
+    y[item * out_features + n] = sum;
+}

@@ -3,11 +3,11 @@
 //
 // A block of 8 warps takes one group of up to 64 items of one layer (an expert's rows, sorted
 // together by tf_exl3_group_items) and 16 tile columns; each warp decodes two tile columns over the
-// whole input (no k split: the sum over k is one chain per output, in ascending k), and every
-// decoded tile serves all the group's rows. A lane's decoded weights are the mma B fragment as they
-// come (exl3_tile_decode.cuh); the rotated inputs arrive as fp16 high and low parts (x = hi + lo to
-// ~22 bits) through a two-stage cp.async pipeline into shared memory and are read by ldmatrix, and
-// each product is accumulated in fp32 as hi·w, then lo·w. The weights are exact in fp16, so the
+// whole input, or over a k range fixed by the shape (a deep launch, exl3_experts.cu): one chain per
+// output in ascending k, and every decoded tile serves all the group's rows. A lane's decoded
+// weights are the mma B fragment as they come (exl3_tile_decode.cuh); the rotated inputs arrive as
+// fp16 high and low parts (x = hi + lo to ~22 bits) through a two-stage cp.async pipeline into
+// shared memory and are read by ldmatrix, and each product is accumulated in fp32 as hi·w, then lo·w. The weights are exact in fp16, so the
 // only rounding beyond the GEMV's is the tensor core's fp32 accumulation.
 //
 // The tile settings (64 rows, 32 input channels per stage, two tile columns per warp) are constants:
@@ -60,12 +60,12 @@ using PromptAcc = PromptAccOf<2>;
 // lo per tile) either way, so both give the same bits.
 template <int K, int CB, int kOps, int kCols = 2>
 __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCols], size_t row_stride, const RotatedPlanes& in, int first,
-                                              int rows, half* stage, PromptAccOf<kCols>& acc) {
+                                              int rows, int slab_begin, int slab_end, half* stage, PromptAccOf<kCols>& acc) {
     static_assert(K >= 1 && K <= 4, "one ring word per lane");
     static_assert(kCols == 1 || kCols == 2, "one or two tile columns a warp");
     constexpr int kRingWords = 8 * K;
     const int lane = threadIdx.x % 32;
-    const int slabs = in.k_p / kPromptSlab;
+    const int slabs = slab_end;  // the block's slabs of kPromptSlab channels: slab_begin .. slab_end - 1
     const LaneWindow<K> window(lane);
     const bool second = kCols == 2 && ring[kCols - 1] != nullptr;
     const auto stage_at = [&](int s, int op, int part, int row, int k) {
@@ -87,8 +87,9 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCol
     // Ring pointers stepped a slab at a time (a 64-bit row · stride product per load cost ~8
     // instructions).
     const uint32_t* next_ring[kCols];
-    next_ring[0] = ring[0] + lane;
-    if constexpr (kCols == 2) next_ring[1] = second ? ring[1] + lane : ring[0] + lane;
+    const size_t skip = static_cast<size_t>(slab_begin) * 2 * row_stride;
+    next_ring[0] = ring[0] + skip + lane;
+    if constexpr (kCols == 2) next_ring[1] = (second ? ring[1] : ring[0]) + skip + lane;
     const bool has_word = lane < kRingWords;
     const auto load_words = [&](int slab, uint32_t (&words)[2][kCols]) {
 #pragma unroll
@@ -113,12 +114,12 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCol
 
     // Ring words two stages ahead (registers), inputs one stage ahead (cp.async).
     uint32_t now[2][kCols], next[2][kCols], later[2][kCols];
-    load_words(0, now);
-    load_words(1, next);
-    issue(0);
+    load_words(slab_begin, now);
+    load_words(slab_begin + 1, next);
+    issue(slab_begin);
     const int a_row = (lane % 8) + 8 * ((lane / 8) % 2);
     const int a_k = 8 * (lane / 16);
-    for (int slab = 0; slab < slabs; ++slab) {
+    for (int slab = slab_begin; slab < slabs; ++slab) {
         load_words(slab + 2, later);
         if (slab + 1 < slabs) issue(slab + 1);
         else asm volatile("cp.async.commit_group;\n" ::);

@@ -9,14 +9,16 @@ const gpu_mod = @import("gpu.zig");
 const kernels = @import("kernels.zig");
 const glm_kernels = @import("glm_kernels.zig");
 const Diagnostic = @import("../core/diagnostic.zig").Diagnostic;
+const switches = @import("../core/switches.zig");
 const Gpu = gpu_mod.Gpu;
 const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_exl3_prompt_rotate",  "tf_exl3_prompt_gu",      "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
-    "tf_exl3_prompt_down",    "tf_exl3_prompt_down3",   "tf_exl3_prompt_down2", "tf_exl3_prompt_narrow",
-    "tf_exl3_prompt_narrow3", "tf_exl3_prompt_narrow2",
+    "tf_exl3_prompt_rotate",  "tf_exl3_prompt_gu",       "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
+    "tf_exl3_prompt_down",    "tf_exl3_prompt_down3",    "tf_exl3_prompt_down2", "tf_exl3_prompt_narrow",
+    "tf_exl3_prompt_narrow3", "tf_exl3_prompt_narrow2",  "tf_exl3_prompt_deep",  "tf_exl3_prompt_deep3",
+    "tf_exl3_prompt_deep2",   "tf_exl3_prompt_deep_sum",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -60,6 +62,24 @@ pub const LinearForm = enum {
     }
 };
 
+/// The k splits of a plain linear's prompt rows (tf_exl3_prompt_deep): enough that the weight's
+/// 128-column blocks times the splits reach 32 per group of rows, each split at least 4 slabs (128
+/// input channels), at most 8; 1 (the forms above) for weights of 32 or more column blocks. From
+/// the shape alone, so a row's outputs depend on its shape, never on its chunk. The profile that
+/// asked for it (docs/measurements.md, 2026-12-04): GLM-4.5-Air's k_proj and v_proj, 8 column
+/// blocks, 114 us each for a 256-row chunk, a quarter of the SMs busy. TF_CUDA_PROMPT_DEEP=0 turns
+/// the splits off (a comparison switch: it changes the bits of those weights' prompt rows).
+pub fn deepSplits(k_p: usize, n_p: usize) usize {
+    if (switches.off("TF_CUDA_PROMPT_DEEP")) return 1;
+    return deepSplitsOf(k_p, n_p);
+}
+
+fn deepSplitsOf(k_p: usize, n_p: usize) usize {
+    const blocks = n_p / 128;
+    if (blocks >= 32) return 1;
+    return @max(1, @min(32 / blocks, 8, k_p / (4 * 32)));
+}
+
 /// One EXL3 weight as the kernels see it.
 pub const Shape = struct {
     k_p: usize,
@@ -89,11 +109,12 @@ pub fn eligibleMlp(gate: Shape, up: Shape, down: Shape, width: usize) bool {
 }
 
 /// Device scratch for the calls a model makes: the grouping, the rotated inputs (one or two
-/// operands, fp16 high and low planes) and down's rotated inputs.
+/// operands, fp16 high and low planes), down's rotated inputs and the deep launches' partials.
 pub const Scratch = struct {
     grouping: glm_kernels.Grouping,
     rotated: Ptr,
     down_in: Ptr,
+    partials: Ptr,
     slots: usize,
 };
 
@@ -103,6 +124,7 @@ pub const Need = struct {
     groups: usize = 0,
     rotated: usize = 0,
     down_in: usize = 0,
+    partials: usize = 0,
 
     /// An MLP over `items` items of `layers` table entries, gate k_p -> n_p.
     pub fn mlp(n: *Need, items: usize, layers: usize, k_p: usize, n_p: usize) void {
@@ -112,9 +134,11 @@ pub const Need = struct {
     }
 
     /// A plain linear over `items` rows.
-    pub fn linear(n: *Need, items: usize, k_p: usize) void {
+    pub fn linear(n: *Need, items: usize, k_p: usize, n_p: usize) void {
         n.common(items, 1);
         n.rotated = @max(n.rotated, 2 * items * k_p * 2);
+        const splits = deepSplits(k_p, n_p);
+        if (splits > 1) n.partials = @max(n.partials, splits * items * n_p * 4);
     }
 
     fn common(n: *Need, items: usize, layers: usize) void {
@@ -135,6 +159,7 @@ pub const Need = struct {
             },
             .rotated = try alloc(context, @max(n.rotated, 16)),
             .down_in = try alloc(context, @max(n.down_in, 16)),
+            .partials = try alloc(context, @max(n.partials, 16)),
             .slots = n.slots,
         };
     }
@@ -168,6 +193,8 @@ pub const Launcher = struct {
     module: *const Module,
     /// A plain linear's form for every call (LinearForm.forced()), or null: chosen per call.
     linear_form: ?LinearForm = null,
+    /// Whether weights that deepSplits splits take the deep launch (false: tf-bench's forms).
+    deep: bool = true,
 
     fn run(l: Launcher, comptime name: []const u8, grid: [3]u32, args: anytype) Error!void {
         var ptrs: [args.len]*anyopaque = undefined;
@@ -204,26 +231,36 @@ pub const Launcher = struct {
         try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups);
     }
 
-    /// A plain linear over the items: sort, rotate, then down's kernel or the narrow one (with bias).
+    /// A plain linear over the items: sort, rotate, then down's kernel or the narrow one (with
+    /// bias); or, for a weight deepSplits splits, the deep launch and its sum.
     pub fn runLinear(l: Launcher, s: Scratch, x: Ptr, items: usize, items_per_row: usize, layer_of_item: Ptr, table: Ptr, shape: Shape, in_features: usize, out_features: usize, y: Ptr) Error!void {
         std.debug.assert(items <= s.slots and ineligible(shape) == null);
         const form = l.linear_form orelse LinearForm.choose(shape.n_p, items, l.glm.gpu.multiprocessors);
+        const splits = if (l.deep) deepSplits(shape.k_p, shape.n_p) else 1;
         const g = s.grouping;
         try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, g);
         try l.rotate(s, x, 0, items_per_row, table, 1, 0, layer_of_item, items, in_features, shape.k_p);
         l.glm.gpu.noteReads(shape.entryBytes());
         const groups: u32 = @intCast(groupsMax(items, 1));
-        if (form == .wide) return l.down(s, s.rotated, table, shape, out_features, y, items, groups);
+        if (splits == 1 and form == .wide) return l.down(s, s.rotated, table, shape, out_features, y, items, groups);
+        const target = if (splits > 1) s.partials else y;
         const args = .{
-            table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, s.rotated, y,
+            table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, s.rotated, target,
             int(items), int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
         };
-        const grid: [3]u32 = .{ @intCast(shape.n_p / 128), groups, 1 };
+        const grid: [3]u32 = .{ @intCast(shape.n_p / 128), groups, @intCast(splits) };
+        if (splits == 1) switch (shape.bits2) {
+            8 => return l.run("tf_exl3_prompt_narrow", grid, args),
+            6 => return l.run("tf_exl3_prompt_narrow3", grid, args),
+            else => return l.run("tf_exl3_prompt_narrow2", grid, args),
+        };
         switch (shape.bits2) {
-            8 => try l.run("tf_exl3_prompt_narrow", grid, args),
-            6 => try l.run("tf_exl3_prompt_narrow3", grid, args),
-            else => try l.run("tf_exl3_prompt_narrow2", grid, args),
+            8 => try l.run("tf_exl3_prompt_deep", grid, args),
+            6 => try l.run("tf_exl3_prompt_deep3", grid, args),
+            else => try l.run("tf_exl3_prompt_deep2", grid, args),
         }
+        const sum = .{ table, g.sorted, g.first, g.count, g.layer, g.total, s.partials, y, int(items), int(out_features), int(splits) };
+        try l.run("tf_exl3_prompt_deep_sum", .{ @intCast(std.math.divCeil(usize, out_features, 256) catch unreachable), @intCast(items), 1 }, sum);
     }
 
     fn rotate(l: Launcher, s: Scratch, x: Ptr, up: Ptr, items_per_row: usize, table: Ptr, ops: usize, op_stride: usize, layer_of_item: Ptr, items: usize, in_features: usize, k_p: usize) Error!void {
@@ -259,6 +296,17 @@ test "a plain linear's form: narrow while wide's blocks leave SMs idle" {
     try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 132));
     try t.expectEqual(LinearForm.wide, LinearForm.choose(12288, 256, 132)); // q_proj: 192 blocks
     try t.expectEqual(LinearForm.narrow, LinearForm.choose(1024, 1024, 132)); // k_proj: 64 blocks
+}
+
+test "deep splits: a narrow weight's column blocks times its splits reach 32, from the shape alone" {
+    const t = std.testing;
+    try t.expectEqual(@as(usize, 4), deepSplitsOf(4096, 1024)); // GLM-4.5-Air k_proj, v_proj
+    try t.expectEqual(@as(usize, 1), deepSplitsOf(12288, 4096)); // its o_proj: 32 blocks already
+    try t.expectEqual(@as(usize, 1), deepSplitsOf(4096, 12288));
+    try t.expectEqual(@as(usize, 8), deepSplitsOf(2048, 256)); // at most 8
+    try t.expectEqual(@as(usize, 2), deepSplitsOf(256, 128)); // each split 4 slabs at least
+    try t.expectEqual(@as(usize, 1), deepSplitsOf(128, 128));
+    try t.expectEqual(@as(usize, 6), deepSplitsOf(2048, 640)); // GLM-4.7-Flash kv_a (576 padded)
 }
 
 test "which weights the prompt kernels take" {

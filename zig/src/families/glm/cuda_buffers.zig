@@ -122,7 +122,7 @@ pub fn allocatePromptScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     var need: P.Need = .{};
     const Note = struct {
         fn linear(n: *P.Need, l_: *const GpuLinear, r: usize) void {
-            if (l_.kind == .exl3 and l_.kind.exl3.prompt) n.linear(r, l_.kind.exl3.k_p);
+            if (l_.kind == .exl3 and l_.kind.exl3.prompt) n.linear(r, l_.kind.exl3.k_p, l_.kind.exl3.n_p);
         }
         fn mlp(n: *P.Need, m: *const GpuMlp, r: usize) void {
             if (m.prompt) return n.mlp(r, 1, m.gate.kind.exl3.k_p, m.gate.kind.exl3.n_p);
