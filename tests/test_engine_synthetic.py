@@ -145,3 +145,19 @@ def test_the_engine_benchmark_times_a_shared_prefix(capsys):
     assert rows[0][1:3] == ["1", "164"] and float(rows[0][4]) > 0
     # 100 shared tokens in 16-token pages: 6 full pages.
     assert " ".join(rows[0][5:]).startswith("shared 100, 96 cached:")
+
+
+def test_the_benchmark_puts_ranks_beyond_the_gpus_on_gpu_0_over_tcp(monkeypatch):
+    """bench_engine --tp N on fewer than N GPUs: NCCL refuses two ranks on one GPU, so the ranks
+    share GPU 0 and sum over TCP; enough GPUs, or a collective the caller chose, are left alone."""
+    import os
+    from trellisforge import bench_engine
+    environment: dict[str, str] = {}
+    monkeypatch.setattr(os, "environ", environment)
+    assert bench_engine.share_gpus(2, 2) is None and environment == {}
+    note = bench_engine.share_gpus(2, 1)
+    assert environment == {"TRELLISFORGE_GPU": "0", "TRELLISFORGE_TP_COLLECTIVE": "tcp"}
+    assert note.startswith("2 ranks on 1 GPU(s): every rank on GPU 0")
+    environment.clear()
+    environment.update(TRELLISFORGE_TP_COLLECTIVE="nccl")
+    assert bench_engine.share_gpus(4, 1) is None and environment == {"TRELLISFORGE_TP_COLLECTIVE": "nccl"}

@@ -30,7 +30,18 @@ import time
 
 import numpy as np
 
-from . import Engine, Sampling, library_path, roofline, step_timeline
+from . import Engine, Sampling, cuda_device_count, library_path, roofline, step_timeline
+
+
+def share_gpus(ranks: int, gpus: int) -> str | None:
+    """More ranks than GPUs: every rank on GPU 0, the sums over TCP, since NCCL refuses two ranks on
+    one GPU (ncclInvalidUsage). Set in the environment the workers inherit; a collective the caller
+    chose is kept. Returns the note printed, or None."""
+    if gpus >= ranks or "TRELLISFORGE_TP_COLLECTIVE" in os.environ:
+        return None
+    os.environ.setdefault("TRELLISFORGE_GPU", "0")
+    os.environ["TRELLISFORGE_TP_COLLECTIVE"] = "tcp"
+    return f"{ranks} ranks on {gpus} GPU(s): every rank on GPU {os.environ['TRELLISFORGE_GPU']}, the sums over TCP (NCCL needs a GPU per rank)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
         engine = Engine.synthetic(args.synthetic, bits=args.bits, backend=args.backend, max_seqs=args.max_seqs, rows_max=args.rows_max, ctx=args.ctx,
                                   prefix_cache=args.shared_prefix > 0, kv_dtype=args.kv_dtype)
     elif args.tp > 1:
+        note = share_gpus(args.tp, cuda_device_count()) if args.backend == "cuda" else None
+        if note:
+            print(note)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             master = f"127.0.0.1:{probe.getsockname()[1]}"

@@ -27,6 +27,7 @@ pub const Api = struct {
     ncclBroadcast: *const fn (?*const anyopaque, ?*anyopaque, usize, DataType, c_int, Comm, Stream) callconv(.c) Result,
 };
 
+const invalid_usage = 5; // ncclInvalidUsage
 const result_names = [_][]const u8{ "ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress" };
 
 const system_candidates = [_][:0]const u8{
@@ -93,7 +94,13 @@ pub const Nccl = struct {
     pub fn initRank(nccl: *const Nccl, world: usize, rank: usize, id: UniqueId, diag: *Diagnostic) Error!Comm {
         if (std.c.getenv("NCCL_NVLS_ENABLE") == null) _ = setenv("NCCL_NVLS_ENABLE", "0", 0);
         var comm: Comm = null;
-        try nccl.check(nccl.api.ncclCommInitRank(&comm, @intCast(world), id, @intCast(rank)), "ncclCommInitRank", diag);
+        const result = nccl.api.ncclCommInitRank(&comm, @intCast(world), id, @intCast(rank));
+        if (result == invalid_usage) {
+            // NCCL's own text says only "invalid usage"; the usual cause is ours to name.
+            diag.set("ncclCommInitRank: ncclInvalidUsage: NCCL needs each rank on its own GPU (are two ranks on one, e.g. TRELLISFORGE_GPU set alike?); TRELLISFORGE_TP_COLLECTIVE=tcp sums over TCP instead", .{});
+            return error.NcclFailed;
+        }
+        try nccl.check(result, "ncclCommInitRank", diag);
         return comm;
     }
 
