@@ -166,7 +166,8 @@ pub const Rank = struct {
         self.prompt = try gpa.alloc(bool, shape.rows_max);
         errdefer gpa.free(self.prompt);
         if (on_gpu) {
-            self.gpu = try glm.cuda_model.GpuModel.init(gpa, &self.weights, .{
+            // The shard is this rank's heap copy: its projections go as the device takes them.
+            self.gpu = try glm.cuda_model.GpuModel.initReleasing(gpa, &self.weights, .{
                 .device = gpuOrdinal(rank),
                 .rows_max = shape.rows_max,
                 .logits_rows_max = shape.logits_rows_max,

@@ -13,6 +13,7 @@ const std = @import("std");
 const core = @import("../../core/root.zig");
 const cuda = @import("../../cuda/root.zig");
 const weights_mod = @import("weights.zig");
+const release_mod = @import("release.zig");
 const Batch = @import("batch.zig").Batch;
 const Config = @import("config.zig").Config;
 const buffers = @import("cuda_buffers.zig");
@@ -209,6 +210,17 @@ pub const GpuModel = struct {
     pub const uploadBatch = buffers.uploadBatch;
 
     pub fn init(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
+        return create(gpa, weights, null, limits, diag);
+    }
+
+    /// `init` that frees each part's host projections once the device holds them (release.zig): a
+    /// tensor-parallel rank's heap shard, which would otherwise stay beside its device copy (on a
+    /// unified-memory GPU, the same memory twice). The weights keep their config and shapes.
+    pub fn initReleasing(gpa: std.mem.Allocator, weights: *weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
+        return create(gpa, weights, weights, limits, diag);
+    }
+
+    fn create(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, release: ?*weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
         const model = try gpa.create(GpuModel);
         errdefer gpa.destroy(model);
         model.* = undefined;
@@ -275,7 +287,7 @@ pub const GpuModel = struct {
             try model.module.setFloat(&model.gpu, "tf_swiglu_limit", c.swiglu_limit, diag);
             try model.prompt_module.setFloat(&model.gpu, "tf_swiglu_limit", c.swiglu_limit, diag);
         }
-        try model.upload(weights, diag);
+        try model.upload(weights, release, diag);
         try buffers.allocateScratch(model, diag);
         return model;
     }
@@ -333,7 +345,8 @@ pub const GpuModel = struct {
 
     /// Every layer's parts to the device. The routed experts' gate/up tables go last, after every
     /// layer's other weights (the order of the allocations before the parts were split).
-    fn upload(model: *GpuModel, weights: *const weights_mod.Weights, diag: *Diagnostic) Error!void {
+    /// `release`: the same weights, whose projections go as each part is uploaded.
+    fn upload(model: *GpuModel, weights: *const weights_mod.Weights, release: ?*weights_mod.Weights, diag: *Diagnostic) Error!void {
         const c = weights.config;
         const gpa = model.gpa;
         const embed = try gpa.alloc(f32, c.vocab_size * c.hidden_size);
@@ -341,7 +354,7 @@ pub const GpuModel = struct {
         for (0..c.vocab_size) |token| weights.embedding.row(token, embed[token * c.hidden_size ..][0..c.hidden_size]);
         model.embed = try model.putF32(embed, diag);
         model.blocks = try gpa.alloc(GpuBlock, c.layers);
-        for (weights.blocks, model.blocks) |*block, *target| {
+        for (weights.blocks, model.blocks, 0..) |*block, *target, i| {
             target.* = .{
                 .input_norm = try model.putF32(block.input_norm, diag),
                 .post_attention_norm = try model.putF32(block.post_attention_norm, diag),
@@ -357,13 +370,38 @@ pub const GpuModel = struct {
                 },
             };
             if (target.attention == .gqa) try gqa_cuda.pairKv(model, &target.attention.gqa, diag);
+            if (release) |host| {
+                try model.gpu.synchronize(diag); // the copies have read the host buffers
+                releaseUploaded(gpa, &host.blocks[i]);
+            }
         }
-        for (weights.blocks, model.blocks) |*block, *target| switch (block.ffn) {
+        for (weights.blocks, model.blocks, 0..) |*block, *target, i| switch (block.ffn) {
             .dense => {},
-            .moe => |*part| try moe_cuda.uploadGateUp(model, part, &target.ffn.moe, diag),
+            .moe => |*part| {
+                try moe_cuda.uploadGateUp(model, part, &target.ffn.moe, diag);
+                if (release) |host| {
+                    try model.gpu.synchronize(diag);
+                    release_mod.releaseLinears(gpa, &host.blocks[i].ffn);
+                }
+            },
         };
         model.norm = try model.putF32(weights.norm, diag);
         model.lm_head = try model.uploadLinear(&weights.lm_head, diag);
+        if (release) |host| {
+            try model.gpu.synchronize(diag);
+            release_mod.releaseLinears(gpa, &host.lm_head);
+        }
+    }
+
+    /// A block's projections uploaded in the first pass: all but the routed experts' gate and up
+    /// (and the shared expert, whose gate and up may join theirs), which go after the second.
+    fn releaseUploaded(gpa: std.mem.Allocator, block: *weights_mod.Block) void {
+        release_mod.releaseLinears(gpa, &block.attention);
+        if (block.hyper) |*sites| release_mod.releaseLinears(gpa, sites);
+        switch (block.ffn) {
+            .dense => |*mlp| release_mod.releaseLinears(gpa, mlp),
+            .moe => |*moe| for (moe.experts) |*expert| release_mod.releaseLinears(gpa, &expert.down),
+        }
     }
 
     /// Sums a rank's partial outputs across tensor-parallel ranks, in place on the device.

@@ -11,6 +11,8 @@ pub const Error = exl3.layer.Error || error{InvalidWeights};
 
 const Lanes = @Vector(16, f32);
 
+var no_floats: [0]f32 = .{};
+
 pub const Dense = struct {
     /// (out_features, in_features) row-major, f32.
     weight: []f32,
@@ -24,6 +26,19 @@ pub const Linear = struct {
         exl3: exl3.Layer,
         dense: Dense,
     },
+
+    /// Frees the buffers and leaves an empty projection of the same shape, whose deinit is a
+    /// no-op: a GPU rank's host copy goes once the device holds it (release.zig).
+    pub fn release(linear: *Linear, gpa: std.mem.Allocator) void {
+        const in_features = linear.in_features;
+        const out_features = linear.out_features;
+        linear.deinit(gpa);
+        linear.* = .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = &no_floats, .bias = null } } };
+    }
+
+    pub fn released(linear: *const Linear) bool {
+        return linear.kind == .dense and linear.kind.dense.weight.len == 0;
+    }
 
     pub fn hasBias(linear: *const Linear) bool {
         return switch (linear.kind) {

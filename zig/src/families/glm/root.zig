@@ -28,6 +28,7 @@ pub const parts = struct {
 pub const forward_cpu = @import("forward_cpu.zig");
 pub const cuda_model = @import("cuda_model.zig");
 pub const shard = @import("shard.zig");
+pub const release = @import("release.zig");
 pub const synthetic = @import("synthetic.zig");
 
 test {
@@ -61,5 +62,6 @@ test {
     _ = @import("parts/kda_cuda.zig");
     _ = @import("parts/hyper_cuda.zig");
     _ = shard;
+    _ = release;
     _ = synthetic;
 }
