@@ -209,22 +209,17 @@ pub const Rank = struct {
         gpa.destroy(self);
     }
 
-    /// Rank 0: one forward of `batch` on every rank; the logits as forward_cpu.forward.
-    pub fn forward(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, diag: *Diagnostic) Error!void {
+    /// Rank 0: one forward of `batch` on every rank; the logits as forward_cpu.forward, or, with
+    /// `summarized` (rank 0 on a GPU), summarized and sampled on rank 0's GPU as
+    /// GpuModel.forwardSummarized does on one GPU (no logits row crosses to the host unless
+    /// `wanted` asks for it).
+    pub fn forward(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, summarized: ?Summarized, diag: *Diagnostic) Error!void {
+        std.debug.assert(summarized == null or self.gpu != null);
         try self.sendPlan(batch, diag);
-        try self.run(batch, logits, null, diag);
+        try self.run(batch, logits, summarized, diag);
     }
 
-    /// Rank 0 on a GPU: one forward of `batch` on every rank, its logits summarized and sampled on
-    /// rank 0's GPU as GpuModel.forwardSummarized does on one GPU (no logits row crosses to the
-    /// host unless `wanted` asks for it).
-    pub fn forwardSummarized(self: *Rank, batch: glm.forward_cpu.Batch, logits: []f32, out: Summarized, diag: *Diagnostic) Error!void {
-        std.debug.assert(self.gpu != null);
-        try self.sendPlan(batch, diag);
-        try self.run(batch, logits, out, diag);
-    }
-
-    /// What forwardSummarized fills beside the logits (GpuModel.forwardSummarized's arguments).
+    /// What a summarized forward fills beside the logits (GpuModel.forwardSummarized's arguments).
     pub const Summarized = struct {
         summaries: []core.LogitsSummary,
         wanted: ?[]const bool,

@@ -502,8 +502,8 @@ pub const Engine = struct {
         if (engine.gpu_model) |model| {
             return model.forwardSummarized(batch, logits, summaries, wanted, jobs_run, choices, null, diag);
         } else if (engine.distributed_rank) |rank| {
-            if (rank.gpu != null) return rank.forwardSummarized(batch, logits, .{ .summaries = summaries, .wanted = wanted, .jobs = jobs_run, .choices = choices }, diag);
-            try rank.forward(batch, logits, diag);
+            if (rank.gpu != null) return rank.forward(batch, logits, .{ .summaries = summaries, .wanted = wanted, .jobs = jobs_run, .choices = choices }, diag);
+            try rank.forward(batch, logits, null, diag);
         } else if (engine.tensor_parallel) |group| {
             group.forward(batch, logits);
         } else {

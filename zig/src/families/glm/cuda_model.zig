@@ -370,34 +370,32 @@ pub const GpuModel = struct {
                 },
             };
             if (target.attention == .gqa) try gqa_cuda.pairKv(model, &target.attention.gqa, diag);
-            if (release) |host| {
-                try model.gpu.synchronize(diag); // the copies have read the host buffers
-                releaseUploaded(gpa, &host.blocks[i]);
-            }
+            if (release) |host| try model.releaseFirstPass(&host.blocks[i], diag);
         }
         for (weights.blocks, model.blocks, 0..) |*block, *target, i| switch (block.ffn) {
             .dense => {},
             .moe => |*part| {
                 try moe_cuda.uploadGateUp(model, part, &target.ffn.moe, diag);
-                if (release) |host| {
-                    try model.gpu.synchronize(diag);
-                    release_mod.releaseLinears(gpa, &host.blocks[i].ffn);
-                }
+                if (release) |host| try model.releaseCopied(&host.blocks[i].ffn, diag);
             },
         };
         model.norm = try model.putF32(weights.norm, diag);
         model.lm_head = try model.uploadLinear(&weights.lm_head, diag);
-        if (release) |host| {
-            try model.gpu.synchronize(diag);
-            release_mod.releaseLinears(gpa, &host.lm_head);
-        }
+        if (release) |host| try model.releaseCopied(&host.lm_head, diag);
     }
 
-    /// A block's projections uploaded in the first pass: all but the routed experts' gate and up
+    /// Frees `part`'s host projections once the queued copies have read them.
+    fn releaseCopied(model: *GpuModel, part: anytype, diag: *Diagnostic) Error!void {
+        try model.gpu.synchronize(diag);
+        release_mod.releaseLinears(model.gpa, part);
+    }
+
+    /// A block's projections the first pass uploaded: all but the routed experts' gate and up
     /// (and the shared expert, whose gate and up may join theirs), which go after the second.
-    fn releaseUploaded(gpa: std.mem.Allocator, block: *weights_mod.Block) void {
+    fn releaseFirstPass(model: *GpuModel, block: *weights_mod.Block, diag: *Diagnostic) Error!void {
+        try model.gpu.synchronize(diag);
+        const gpa = model.gpa;
         release_mod.releaseLinears(gpa, &block.attention);
-        if (block.hyper) |*sites| release_mod.releaseLinears(gpa, sites);
         switch (block.ffn) {
             .dense => |*mlp| release_mod.releaseLinears(gpa, mlp),
             .moe => |*moe| for (moe.experts) |*expert| release_mod.releaseLinears(gpa, &expert.down),

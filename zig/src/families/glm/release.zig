@@ -9,46 +9,43 @@ const Linear = @import("linear.zig").Linear;
 /// `value`: a mutable pointer to anything that holds projections (a Linear, a part, a block, a
 /// slice of experts, Weights). Shared views (pointers to const) are not followed.
 pub fn releaseLinears(gpa: std.mem.Allocator, value: anytype) void {
-    const T = @TypeOf(value.*);
-    if (T == Linear) return value.release(gpa);
-    if (comptime !holds(T, 6)) return;
-    switch (@typeInfo(T)) {
-        .@"struct" => |info| inline for (info.field_names) |name| releaseLinears(gpa, &@field(value.*, name)),
-        .@"union" => switch (value.*) {
-            inline else => |*payload| releaseLinears(gpa, payload),
-        },
-        .optional => if (value.*) |*payload| releaseLinears(gpa, payload),
-        .pointer => for (value.*) |*item| releaseLinears(gpa, item),
-        .array => for (value) |*item| releaseLinears(gpa, item),
-        else => {},
-    }
+    const Release = struct {
+        gpa: std.mem.Allocator,
+        fn visit(r: @This(), linear: *Linear) void {
+            linear.release(r.gpa);
+        }
+    };
+    each(value, Release{ .gpa = gpa });
 }
 
 /// Projections in `value` not yet released (a test's check that nothing was missed).
 pub fn heldLinears(value: anytype) usize {
+    const Count = struct {
+        held: *usize,
+        fn visit(c: @This(), linear: *Linear) void {
+            c.held.* += @intFromBool(!linear.released());
+        }
+    };
+    var held: usize = 0;
+    each(value, Count{ .held = &held });
+    return held;
+}
+
+/// `visitor.visit(*Linear)` for every projection the walk reaches in `value`.
+fn each(value: anytype, visitor: anytype) void {
     const T = @TypeOf(value.*);
-    if (T == Linear) return @intFromBool(!value.released());
-    if (comptime !holds(T, 6)) return 0;
-    var count: usize = 0;
+    if (T == Linear) return visitor.visit(value);
+    if (comptime !holds(T, 6)) return;
     switch (@typeInfo(T)) {
-        .@"struct" => |info| inline for (info.field_names) |name| {
-            count += heldLinears(&@field(value.*, name));
-        },
+        .@"struct" => |info| inline for (info.field_names) |name| each(&@field(value.*, name), visitor),
         .@"union" => switch (value.*) {
-            inline else => |*payload| count += heldLinears(payload),
+            inline else => |*payload| each(payload, visitor),
         },
-        .optional => if (value.*) |*payload| {
-            count += heldLinears(payload);
-        },
-        .pointer => for (value.*) |*item| {
-            count += heldLinears(item);
-        },
-        .array => for (value) |*item| {
-            count += heldLinears(item);
-        },
+        .optional => if (value.*) |*payload| each(payload, visitor),
+        .pointer => for (value.*) |*item| each(item, visitor),
+        .array => for (value) |*item| each(item, visitor),
         else => {},
     }
-    return count;
 }
 
 /// Whether a T can hold a projection the walk reaches: by value, in an optional, a union or a
@@ -75,39 +72,6 @@ const Config = @import("config.zig").Config;
 const synthetic = @import("synthetic.zig");
 const shard_mod = @import("shard.zig");
 
-/// Live bytes of an allocator's blocks, to see that a release gives memory back before deinit.
-const Counting = struct {
-    child: std.mem.Allocator,
-    live: usize = 0,
-
-    fn allocator(counting: *Counting) std.mem.Allocator {
-        return .{ .ptr = counting, .vtable = &.{ .alloc = alloc, .resize = resize, .remap = remap, .free = free } };
-    }
-    fn alloc(ctx: *anyopaque, len: usize, alignment: std.mem.Alignment, ret: usize) ?[*]u8 {
-        const c: *Counting = @ptrCast(@alignCast(ctx));
-        const result = c.child.rawAlloc(len, alignment, ret) orelse return null;
-        c.live += len;
-        return result;
-    }
-    fn resize(ctx: *anyopaque, memory: []u8, alignment: std.mem.Alignment, new_len: usize, ret: usize) bool {
-        const c: *Counting = @ptrCast(@alignCast(ctx));
-        if (!c.child.rawResize(memory, alignment, new_len, ret)) return false;
-        c.live = c.live - memory.len + new_len;
-        return true;
-    }
-    fn remap(ctx: *anyopaque, memory: []u8, alignment: std.mem.Alignment, new_len: usize, ret: usize) ?[*]u8 {
-        const c: *Counting = @ptrCast(@alignCast(ctx));
-        const result = c.child.rawRemap(memory, alignment, new_len, ret) orelse return null;
-        c.live = c.live - memory.len + new_len;
-        return result;
-    }
-    fn free(ctx: *anyopaque, memory: []u8, alignment: std.mem.Alignment, ret: usize) void {
-        const c: *Counting = @ptrCast(@alignCast(ctx));
-        c.child.rawFree(memory, alignment, ret);
-        c.live -= memory.len;
-    }
-};
-
 fn expectReleasedShard(config_json: []const u8) !void {
     var arena = std.heap.ArenaAllocator.init(std.testing.allocator);
     defer arena.deinit();
@@ -117,12 +81,14 @@ fn expectReleasedShard(config_json: []const u8) !void {
     var full = try synthetic.generate(std.testing.allocator, config, 3, 6, 5);
     defer full.deinit(std.testing.allocator);
 
-    var counting: Counting = .{ .child = std.testing.allocator };
-    const gpa = counting.allocator();
+    // Its own allocator, to count the bytes a release gives back before deinit.
+    var debug: std.heap.DebugAllocator(.{ .enable_memory_limit = true }) = .init;
+    defer _ = debug.deinit(); // leaks: the count's last check below
+    const gpa = debug.allocator();
     var rank = try shard_mod.shard(gpa, &full, 2, 1, &diag);
     const projections = heldLinears(&rank);
     try std.testing.expect(projections > 10);
-    const before = counting.live;
+    const before = debug.total_requested_bytes;
     // Part by part, as a GPU rank's upload releases them.
     for (rank.blocks) |*block| releaseLinears(gpa, &block.attention);
     try std.testing.expect(heldLinears(&rank) < projections);
@@ -131,12 +97,12 @@ fn expectReleasedShard(config_json: []const u8) !void {
     // What stays is the shard's arena (its block tables; an MLA shard's f32 kv_b rows for the CPU
     // form), with at most its nodes' headers beside it: no projection.
     const arena_bytes = rank.arena.queryCapacity();
-    try std.testing.expect(counting.live >= arena_bytes and counting.live - arena_bytes < 1024);
-    try std.testing.expect(before > counting.live);
+    try std.testing.expect(debug.total_requested_bytes >= arena_bytes and debug.total_requested_bytes - arena_bytes < 1024);
+    try std.testing.expect(before > debug.total_requested_bytes);
     try std.testing.expectEqual(full.config.hidden_size, rank.lm_head.in_features);
     releaseLinears(gpa, &rank); // twice is harmless
     rank.deinit(gpa); // and deinit after a release frees the rest once (the testing allocator checks)
-    try std.testing.expectEqual(@as(usize, 0), counting.live);
+    try std.testing.expectEqual(@as(usize, 0), debug.total_requested_bytes);
 }
 
 test "a released shard keeps its shapes, frees its projections, and deinits cleanly" {
