@@ -1,6 +1,7 @@
 """OpenAI API details a client relies on: special tokens never reach the text, a list of prompts gets
-a choice per prompt, and clear 4xx errors for top_logprobs without logprobs, a body that is not
-declared JSON, token ids past the vocabulary and too many stop strings."""
+a choice per prompt, newer clients' hint fields are taken, and clear 4xx errors for top_logprobs
+without logprobs, a body that is not declared JSON, token ids past the vocabulary, too many stop
+strings and the deprecated `functions`."""
 from __future__ import annotations
 
 import json
@@ -78,6 +79,11 @@ def test_a_list_of_prompts_gets_a_choice_per_prompt(server):
         {"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}]}]}, 400, "messages.1.content.0", "unsupported_content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "messages.0.content.0.text",
      None),
+    ("/v1/chat/completions", {"messages": MESSAGES, "modalities": ["text", "audio"]}, 400, "modalities.1", "invalid_value"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "functions": [{"name": "f", "parameters": {}}]}, 400, None, "invalid_value"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "function_call": "auto"}, 400, None, "invalid_value"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "stream_options": {"include_usage": True, "include_obfuscations": True}}, 400,
+     "stream_options.include_obfuscations", "invalid_value"),
 ])
 def test_clear_client_errors(server, endpoint, body, status, param, code):
     base, _ = server
@@ -85,6 +91,22 @@ def test_clear_client_errors(server, endpoint, body, status, param, code):
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["code"] == code and error["message"], error
+
+
+def test_fields_that_cannot_change_the_output_are_taken(server):
+    """What newer OpenAI clients send beside the parameters (routing, caching and safety hints, the
+    stream's obfuscation switch, a predicted output): accepted, and the answer is the one without them."""
+    _, client = server
+    plain = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, max_tokens=6, temperature=0)
+    hinted = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, max_tokens=6, temperature=0, service_tier="auto",
+                                            prompt_cache_key="session-1", safety_identifier="user-1", modalities=["text"],
+                                            prediction={"type": "content", "content": "Something."})
+    assert hinted.choices[0].message.content == plain.choices[0].message.content
+    streamed = client.chat.completions.create(model="glm-tiny", messages=MESSAGES, max_tokens=6, temperature=0, stream=True,
+                                              stream_options={"include_usage": True, "include_obfuscation": False})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == plain.choices[0].message.content
+    legacy = httpx.post(f"{client.base_url}chat/completions", json={"model": "glm-tiny", "messages": MESSAGES, "functions": []})
+    assert "send 'tools'" in legacy.json()["error"]["message"]
 
 
 def test_sixteen_stop_strings_are_taken(server):

@@ -19,7 +19,8 @@ def sampling_for(body, max_tokens: int, index: int, constrained: bool = False) -
     seed = None if body.seed is None else (body.seed + index) % 2 ** 64  # n > 1: distinct draws
     return Sampling(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                     min_p=body.min_p, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                    repetition_penalty=body.repetition_penalty, top_logprobs=top_logprobs, seed=seed, constrained=constrained)
+                    repetition_penalty=body.repetition_penalty, top_logprobs=top_logprobs, seed=seed, constrained=constrained,
+                    logit_bias=body.logit_bias_pairs())
 
 
 class ChoiceState:

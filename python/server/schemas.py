@@ -1,8 +1,11 @@
 """Request bodies of the OpenAI API as this server accepts them. Unknown fields are refused (a
-typo'd parameter silently ignored is a surprise); fields OpenAI clients commonly send and that do
-not change generation here (`user`, `store`, `metadata`, `parallel_tool_calls`) are accepted.
-Beyond OpenAI's, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-`skip_special_tokens`, `chat_template_kwargs`. `stop` takes up to 16 strings (OpenAI: 4)."""
+typo'd parameter silently ignored is a surprise); fields OpenAI clients send that cannot change
+what is generated here are accepted: `user`, `safety_identifier`, `store`, `metadata`,
+`parallel_tool_calls`, `service_tier`, `prompt_cache_key` (the prefix cache needs no key),
+`prediction` (a latency hint; the output is the same without it), `modalities: ["text"]` and
+`stream_options.include_obfuscation` (nothing is padded). Beyond OpenAI's, as vLLM names them:
+`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`,
+`chat_template_kwargs`. `stop` takes up to 16 strings (OpenAI: 4); `logit_bias` up to 1024 tokens."""
 from __future__ import annotations
 
 from typing import Any, Literal, Union
@@ -12,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 MAX_N = 8
 MAX_STOP = 16
 MAX_PROMPTS = 16  # prompts in one /v1/completions request
+MAX_LOGIT_BIAS = 1024  # the engine's entries a sequence (logit_bias.zig)
 
 
 class Strict(BaseModel):
@@ -83,6 +87,7 @@ class NamedToolChoice(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None
 
 
 class JsonSchemaFormat(Strict):
@@ -121,8 +126,13 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    safety_identifier: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    # Token id (a decimal string, as JSON keys are) -> a value added to its logit before sampling.
+    logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
 
@@ -135,6 +145,23 @@ class SamplingFields(Strict):
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value):
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens")
+        for key, bias in value.items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"keys are token ids (decimal strings), not {key!r}")
+            if not -100 <= bias <= 100:  # NaN fails too
+                raise ValueError(f"values are in [-100, 100], not {bias} (token {key})")
+        return value
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items())
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -149,6 +176,17 @@ class ChatCompletionRequest(SamplingFields):
     # The OpenAI API's efforts and GLM-5.3's "max"; handed to the chat template as is.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "max"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    modalities: list[Literal["text"]] | None = None
+    prediction: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_legacy_functions(cls, data):
+        if isinstance(data, dict):
+            for old, new in (("functions", "tools"), ("function_call", "tool_choice")):
+                if old in data:
+                    raise ValueError(f"'{old}' is the deprecated form of '{new}': send '{new}'")
+        return data
 
     @field_validator("top_logprobs")
     @classmethod

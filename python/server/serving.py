@@ -53,6 +53,10 @@ async def generate(state, body, plan: Plan):
             raise ApiError(400, f"the prompt has {len(prompt)} tokens; the context holds {context}", param=param,
                            code="context_length_exceeded")
     longest = max(len(p) for p in plan.prompts)
+    outside = [token for token, _ in body.logit_bias_pairs() if token >= state.engine.vocab_size]
+    if outside:
+        raise ApiError(400, f"logit_bias: token id {outside[0]} is not below the vocabulary size {state.engine.vocab_size}",
+                       param="logit_bias", code="token_out_of_vocabulary")
     if plan.max_tokens is not None and plan.max_tokens > context - longest:
         raise ApiError(400, f"max_tokens {plan.max_tokens} plus the prompt's {longest} tokens exceed the context of {context}",
                        param="max_tokens", code="context_length_exceeded")

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ._ffi import check, ffi, lib
+from ._ffi import TrellisError, check, ffi, lib
 
 FINISH_REASONS = {0: None, 1: "stop", 2: "length", 3: "cancelled"}
 BACKENDS = {"cpu": 0, "cuda": 1}
@@ -37,6 +37,9 @@ class Sampling:
     seed: int | None = None
     # Each sampled token waits for Engine.set_token_mask (grammar-constrained sampling).
     constrained: bool = False
+    # OpenAI's logit_bias: (token id, value in [-100, 100]) pairs added to the logits before the
+    # penalties; such a sequence is sampled on the host (tf_engine_set_logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def to_c(self):
         params = ffi.new("tf_sampling_params *")
@@ -143,10 +146,24 @@ class Engine:
         tokens = np.ascontiguousarray(token_ids, dtype=np.uint32)
         stops = np.ascontiguousarray(self.eos_token_ids if stop_token_ids is None else list(stop_token_ids), dtype=np.uint32)
         sequence_id = ffi.new("uint64_t *")
+        if sampling.logit_bias:
+            bias_tokens = np.array([t for t, _ in sampling.logit_bias], dtype=np.int64)
+            if bias_tokens.min() < 0 or bias_tokens.max() >= 2 ** 32:
+                raise ValueError("logit bias token ids must be in [0, 2**32)")
+            bias_tokens = bias_tokens.astype(np.uint32)
+            bias_values = np.array([v for _, v in sampling.logit_bias], dtype=np.float32)
         with self._lock:
             check(lib.tf_engine_add_sequence(
                 self._live(), ffi.cast("uint32_t *", tokens.ctypes.data), tokens.size, sampling.to_c(),
                 ffi.cast("uint32_t *", stops.ctypes.data), stops.size, sequence_id))
+            if sampling.logit_bias:
+                # In the same lock as the add: no step samples the sequence before its bias is set.
+                status = lib.tf_engine_set_logit_bias(self._live(), sequence_id[0], ffi.cast("uint32_t *", bias_tokens.ctypes.data),
+                                                      ffi.cast("float *", bias_values.ctypes.data), bias_tokens.size)
+                if status != 0:
+                    error = TrellisError(status, ffi.string(lib.tf_last_error()).decode("utf-8", "replace"))
+                    check(lib.tf_engine_cancel(self._live(), sequence_id[0]))
+                    raise error
         return int(sequence_id[0])
 
     def step(self) -> list[TokenEvent]:

@@ -222,6 +222,11 @@ tf_status tf_engine_step(tf_engine *engine, tf_step_record *records, size_t capa
  * be). The token spends it: a step that would sample a constrained sequence with no mask set since
  * its last token fails with TF_ERR_INVALID_ARGUMENT. Logprobs stay the model's. */
 tf_status tf_engine_set_token_mask(tf_engine *engine, uint64_t sequence_id, const uint32_t *mask, size_t words);
+/* OpenAI's logit_bias for every token the sequence samples from now on: values[i] (finite, in
+ * [-100, 100]) added to the logit of tokens[i] (distinct, < vocab; at most 1024 entries) before its
+ * penalties; count 0 clears it. Such a sequence is sampled on the host. Logprobs stay the model's. */
+tf_status tf_engine_set_logit_bias(tf_engine *engine, uint64_t sequence_id, const uint32_t *tokens,
+                                   const float *values, size_t count);
 /* Ends a sequence now and returns its KV pages. */
 tf_status tf_engine_cancel(tf_engine *engine, uint64_t sequence_id);
 tf_status tf_engine_stats_get(const tf_engine *engine, tf_engine_stats *out);

@@ -520,6 +520,14 @@ export fn tf_engine_set_token_mask(pointer: ?*EngineHandle, id: u64, mask: ?[*]a
     return ok();
 }
 
+export fn tf_engine_set_logit_bias(pointer: ?*EngineHandle, id: u64, tokens: ?[*]align(1) const u32, values: ?[*]align(1) const f32, count: usize) Status {
+    const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
+    if (count > 0 and (tokens == null or values == null)) return fail(.invalid_argument, "tokens or values is null", .{});
+    var diag: core.Diagnostic = .{};
+    engine.setLogitBias(id, if (count > 0) tokens.?[0..count] else &.{}, if (count > 0) values.?[0..count] else &.{}, &diag) catch |err| return failWith(err, &diag);
+    return ok();
+}
+
 export fn tf_engine_stats_get(pointer: ?*EngineHandle, out: ?*engine_mod.Stats) Status {
     const engine = engineOf(pointer) orelse return fail(.invalid_argument, "not a live engine", .{});
     const target = out orelse return fail(.invalid_argument, "out is null", .{});

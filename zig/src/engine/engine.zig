@@ -12,6 +12,8 @@ const PrefixCache = @import("prefix_cache.zig").PrefixCache;
 const sequence_pages = @import("sequence_pages.zig");
 const sampler = @import("sampler.zig");
 const token_mask = @import("token_mask.zig");
+const logit_bias = @import("logit_bias.zig");
+const sequence_controls = @import("sequence_controls.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
 const distributed = @import("distributed.zig");
 const gpu_sampling = @import("../cuda/sampling.zig");
@@ -58,6 +60,8 @@ pub const Sequence = struct {
     /// The allowed tokens of a constrained sequence's next token (token_mask.zig).
     mask: []u32,
     mask_state: token_mask.State = .none,
+    /// OpenAI's logit_bias for each of its sampled tokens (logit_bias.zig).
+    bias: logit_bias.Bias,
 };
 
 pub const Engine = struct {
@@ -240,6 +244,7 @@ pub const Engine = struct {
             .tokens = try a.alloc(u32, p.context_tokens_max),
             .pages = try a.alloc(u32, pages_per_sequence),
             .mask = try a.alloc(u32, token_mask.wordsFor(engine.weights.config.vocab_size)),
+            .bias = .{ .tokens = try a.alloc(u32, logit_bias.entries_max), .values = try a.alloc(f32, logit_bias.entries_max) },
         };
         const rows = p.rows_max;
         engine.batch_tokens = try a.alloc(u32, rows);
@@ -331,6 +336,7 @@ pub const Engine = struct {
         @memcpy(sequence.stop_tokens[0..stop_tokens.len], stop_tokens);
         sequence.stop_count = stop_tokens.len;
         sequence.mask_state = .none;
+        sequence.bias.count = 0;
         const seed = if (sampling.has_seed != 0) sampling.seed else randomSeed(sequence.id);
         sequence.prng = std.Random.DefaultPrng.init(seed);
         return sequence.id;
@@ -349,28 +355,9 @@ pub const Engine = struct {
         engine.finish(sequence);
     }
 
-    /// What a constrained sequence's next sampled token may be: `mask` (token_mask.zig), or
-    /// anything when null.
-    pub fn setTokenMask(engine: *Engine, id: u64, mask: ?[]align(1) const u32, diag: *Diagnostic) Error!void {
-        const sequence = engine.find(id) orelse {
-            diag.set("no live sequence with id {d}", .{id});
-            return error.NotFound;
-        };
-        if (sequence.sampling.constrained == 0) {
-            diag.set("sequence {d} was not added as constrained", .{id});
-            return error.InvalidArgument;
-        }
-        const allowed = mask orelse {
-            sequence.mask_state = .open;
-            return;
-        };
-        if (token_mask.problem(allowed, engine.config().vocab_size)) |problem| {
-            diag.set("{s} (vocabulary {d}, {d} words given)", .{ problem, engine.config().vocab_size, allowed.len });
-            return error.InvalidArgument;
-        }
-        @memcpy(sequence.mask, allowed);
-        sequence.mask_state = .masked;
-    }
+    // Per-sequence controls of sampling, set between steps (sequence_controls.zig).
+    pub const setTokenMask = sequence_controls.setTokenMask;
+    pub const setLogitBias = sequence_controls.setLogitBias;
 
     pub fn find(engine: *Engine, id: u64) ?*Sequence {
         for (engine.sequences) |*s| {
@@ -454,10 +441,11 @@ pub const Engine = struct {
         var jobs: usize = 0;
         for (engine.logits_slots[0..logits_count], engine.logits_wanted[0..logits_count], engine.job_of_row[0..logits_count], 0..) |slot, *wanted, *job, i| {
             const sequence = &engine.sequences[slot];
-            const masked = sequence.mask_state == .masked;
-            wanted.* = sampler.needsLogits(&sequence.sampling) or masked;
+            // A masked or biased row is sampled here, from its whole row.
+            const host_only = sequence.mask_state == .masked or sequence.bias.count > 0;
+            wanted.* = sampler.needsLogits(&sequence.sampling) or host_only;
             job.* = null;
-            if (masked or engine.gpuModel() == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
+            if (host_only or engine.gpuModel() == null or !engine.gpu_sampling or !sampler.gpuSamples(&sequence.sampling)) continue;
             // The GPU samples this row: its logits stay there, the generator's draw goes to it.
             const p = &sequence.sampling;
             engine.sample_jobs[jobs] = .{ .row = @intCast(i), .temperature = p.temperature, .top_p = p.top_p, .top_k = p.top_k, .min_p = p.min_p, .u = sampler.drawUniform(sequence.prng.random()) };
@@ -539,7 +527,7 @@ pub const Engine = struct {
             .output = sequence.tokens[sequence.prompt_len..sequence.length],
         };
         const mask: ?[]const u32 = if (sequence.mask_state == .masked) sequence.mask else null;
-        const choice = sampler.sample(&sequence.sampling, logits, summary, history, mask, sequence.prng.random(), &engine.workspace);
+        const choice = sampler.sample(&sequence.sampling, logits, summary, history, mask, sequence.bias.entries(), sequence.prng.random(), &engine.workspace);
         return engine.recordChoice(sequence, choice);
     }
 

@@ -1,10 +1,11 @@
-//! Per-sequence sampling from one row of logits. Order: penalties (repetition over prompt and
-//! output, presence and frequency over output, as vLLM), then greedy when temperature is 0, else
+//! Per-sequence sampling from one row of logits. Order: the logit bias (logit_bias.zig), penalties
+//! (repetition over prompt and output, presence and frequency over output, as vLLM), then greedy when temperature is 0, else
 //! temperature, top-k, top-p, min-p and a draw from the sequence's own seeded generator. Logprobs
 //! are the model's: log-softmax of the raw logits, before penalties and temperature.
 const std = @import("std");
 const LogitsSummary = @import("../core/logits_summary.zig").LogitsSummary;
 const token_mask = @import("token_mask.zig");
+const logit_bias = @import("logit_bias.zig");
 
 pub const Params = extern struct {
     temperature: f32 = 0,
@@ -105,13 +106,14 @@ pub const History = struct {
     output: []const u32,
 };
 
-/// `summary` is the row's LogitsSummary; `logits` may be null when `needsLogits` is false and no
-/// `mask` (token_mask.zig) limits the choice; a mask applies after the penalties.
-pub fn sample(params: *const Params, logits_or_null: ?[]const f32, summary: LogitsSummary, history: History, mask: ?[]const u32, random: std.Random, workspace: *Workspace) Choice {
+/// `summary` is the row's LogitsSummary; `logits` may be null when `needsLogits` is false, no
+/// `mask` (token_mask.zig) limits the choice and no `bias` moves it; the bias applies before the
+/// penalties, a mask after them.
+pub fn sample(params: *const Params, logits_or_null: ?[]const f32, summary: LogitsSummary, history: History, mask: ?[]const u32, bias: logit_bias.Entries, random: std.Random, workspace: *Workspace) Choice {
     var choice: Choice = undefined;
     const log_total = summary.log_total;
     const logits = logits_or_null orelse {
-        std.debug.assert(!needsLogits(params) and mask == null);
+        std.debug.assert(!needsLogits(params) and mask == null and bias.tokens.len == 0);
         choice.token = summary.argmax;
         choice.logprob = @floatCast(@as(f64, summary.max) - log_total);
         choice.top_count = 0;
@@ -121,6 +123,7 @@ pub fn sample(params: *const Params, logits_or_null: ?[]const f32, summary: Logi
 
     const adjusted = workspace.adjusted[0..vocab];
     @memcpy(adjusted, logits);
+    logit_bias.apply(bias, adjusted);
     applyPenalties(params, adjusted, history, workspace.counts);
     if (mask) |allowed| token_mask.apply(allowed, adjusted);
 
@@ -279,7 +282,7 @@ test "greedy picks the largest logit and reports its log-probability" {
     var prng = std.Random.DefaultPrng.init(1);
     const params: Params = .{ .top_logprobs = 2 };
     const logits = [_]f32{ 0, 2, 1, 2 };
-    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace);
+    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, .{}, prng.random(), &workspace);
     try std.testing.expectEqual(@as(u32, 1), choice.token);
     const expected = 2 - @log(@exp(0.0) + 2 * @exp(2.0) + @exp(1.0));
     try std.testing.expectApproxEqAbs(@as(f32, expected), choice.logprob, 1e-6);
@@ -293,7 +296,7 @@ test "penalties change the greedy choice and leave no counts behind" {
     var prng = std.Random.DefaultPrng.init(1);
     const params: Params = .{ .frequency_penalty = 1.5 };
     const logits = [_]f32{ 1, 2, 0 };
-    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{1} }, null, prng.random(), &workspace);
+    const choice = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{1} }, null, .{}, prng.random(), &workspace);
     try std.testing.expectEqual(@as(u32, 0), choice.token);
     for (workspace.counts) |count| try std.testing.expectEqual(@as(u32, 0), count);
 }
@@ -306,12 +309,12 @@ test "the same seed draws the same tokens; top_k 1 is greedy" {
     for (&draws) |*run| {
         var prng = std.Random.DefaultPrng.init(1234);
         const params: Params = .{ .temperature = 1, .top_p = 0.9 };
-        for (run) |*t| t.* = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace).token;
+        for (run) |*t| t.* = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, .{}, prng.random(), &workspace).token;
     }
     try std.testing.expectEqualSlices(u32, &draws[0], &draws[1]);
     var prng = std.Random.DefaultPrng.init(5);
     const params: Params = .{ .temperature = 1, .top_k = 1 };
-    try std.testing.expectEqual(@as(u32, 3), sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace).token);
+    try std.testing.expectEqual(@as(u32, 3), sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, .{}, prng.random(), &workspace).token);
 }
 
 test "the radix order is the comparison order: descending logits, ties by ascending id, -0 == +0" {
@@ -355,8 +358,8 @@ test "plain greedy samples from the summary alone" {
     try std.testing.expect(needsLogits(&.{ .top_logprobs = 1 }));
     try std.testing.expect(needsLogits(&.{ .repetition_penalty = 1.1 }));
     const logits = [_]f32{ 0, 2, 1, 2 };
-    const from_row = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace);
-    const from_summary = sample(&params, null, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, prng.random(), &workspace);
+    const from_row = sample(&params, &logits, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, .{}, prng.random(), &workspace);
+    const from_summary = sample(&params, null, LogitsSummary.of(&logits), .{ .prompt = &.{}, .output = &.{} }, null, .{}, prng.random(), &workspace);
     try std.testing.expectEqual(from_row.token, from_summary.token);
     try std.testing.expectEqual(from_row.logprob, from_summary.logprob);
 }
@@ -369,13 +372,36 @@ test "a mask limits greedy and drawn tokens to the allowed ones; logprobs stay t
     const mask = [_]u32{ 0b1001_0000, 0 }; // tokens 4 and 7
     const summary = LogitsSummary.of(&logits);
     var prng = std.Random.DefaultPrng.init(3);
-    const greedy = sample(&.{}, &logits, summary, .{ .prompt = &.{}, .output = &.{} }, &mask, prng.random(), &workspace);
+    const greedy = sample(&.{}, &logits, summary, .{ .prompt = &.{}, .output = &.{} }, &mask, .{}, prng.random(), &workspace);
     try std.testing.expectEqual(@as(u32, 7), greedy.token);
     try std.testing.expectApproxEqAbs(@as(f64, logits[7]) - summary.log_total, greedy.logprob, 1e-6);
     var seen: [40]bool = @splat(false);
     for (0..200) |_| {
         const params: Params = .{ .temperature = 2, .top_k = 30, .top_p = 1 };
-        seen[sample(&params, &logits, summary, .{ .prompt = &.{}, .output = &.{} }, &mask, prng.random(), &workspace).token] = true;
+        seen[sample(&params, &logits, summary, .{ .prompt = &.{}, .output = &.{} }, &mask, .{}, prng.random(), &workspace).token] = true;
     }
     for (seen, 0..) |was, token| try std.testing.expectEqual(token == 4 or token == 7, was);
+}
+
+test "a logit bias moves greedy and drawn tokens before the penalties; logprobs stay the model's" {
+    var workspace = try Workspace.init(std.testing.allocator, 4);
+    defer workspace.deinit(std.testing.allocator);
+    var prng = std.Random.DefaultPrng.init(5);
+    const logits = [_]f32{ 3, 2, 1, 0 };
+    const summary = LogitsSummary.of(&logits);
+    const history: History = .{ .prompt = &.{}, .output = &.{} };
+    const ban: logit_bias.Entries = .{ .tokens = &.{0}, .values = &.{-100} };
+    const greedy = sample(&.{}, &logits, summary, history, null, ban, prng.random(), &workspace);
+    try std.testing.expectEqual(@as(u32, 1), greedy.token);
+    try std.testing.expectApproxEqAbs(@as(f64, logits[1]) - summary.log_total, greedy.logprob, 1e-6);
+    // Token 0 biased to -1 then penalized (x 1.6: -1.6) beats token 1 (-1.7); penalized first
+    // (2 / 1.6 - 3 = -1.75) it would not.
+    const close = [_]f32{ 2, -1.7, -5, -5 };
+    const first: logit_bias.Entries = .{ .tokens = &.{0}, .values = &.{-3} };
+    const penalized = sample(&.{ .repetition_penalty = 1.6 }, &close, LogitsSummary.of(&close), .{ .prompt = &.{0}, .output = &.{} }, null, first, prng.random(), &workspace);
+    try std.testing.expectEqual(@as(u32, 0), penalized.token);
+    for (0..100) |_| {
+        const drawn = sample(&.{ .temperature = 1 }, &logits, summary, history, null, .{ .tokens = &.{3}, .values = &.{100} }, prng.random(), &workspace);
+        try std.testing.expectEqual(@as(u32, 3), drawn.token);
+    }
 }
