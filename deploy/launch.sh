@@ -52,7 +52,7 @@ common=(--model "$TF_MODEL_DIR" --backend "${TF_BACKEND:-cuda}" --tp-world "$TF_
         --tp-master "$TF_MASTER_ADDR:$TF_MASTER_PORT" --max-seqs "${TF_MAX_SEQS:-16}" --ctx "${TF_CTX:-0}")
 if [ "$TF_RANK" -eq 0 ]; then
   exec .venv/bin/python -m server "${common[@]}" --host "${TF_HTTP_HOST:-0.0.0.0}" --port "${TF_HTTP_PORT:-8000}" \
-    --model-name "${TF_MODEL_NAME:-$(basename "$TF_MODEL_DIR")}" --kv-dtype "${TF_KV_DTYPE:-f16}"
+    --model-name "${TF_MODEL_NAME:-$(basename "$TF_MODEL_DIR")}" --kv-dtype "${TF_KV_DTYPE:-f16}" --kv-tokens "${TF_KV_TOKENS:-0}"
 else
   exec .venv/bin/python -m server "${common[@]}"
 fi

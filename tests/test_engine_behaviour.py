@@ -101,8 +101,9 @@ def test_cancel_mid_generation_frees_its_pages(model_dir):
 
 
 def test_a_full_pool_makes_sequences_wait_without_corruption(model_dir):
-    """Two sequences that each need 3 of the pool's 4 pages: the second waits for the first, and
-    both produce exactly what they produce alone."""
+    """Two sequences that each grow to 3 of the pool's 4 pages: the second's prompt does not fit
+    beside the first's with a page to spare, so it waits for the first, and both produce exactly
+    what they produce alone. The context defaults to what the pool holds."""
     p = prompts()
     engine = trellisforge.Engine(model_dir, max_seqs=3, page_tokens=16, kv_pages=4, kv_dtype="f32")
     sampling = Sampling(max_tokens=10)
@@ -124,8 +125,11 @@ def test_a_full_pool_makes_sequences_wait_without_corruption(model_dir):
     first_of_second = min(i for i, e in enumerate(order) if e.sequence_id == second)
     assert first_of_second > last_of_first  # it waited for the pages
     assert all_pages_free(engine)
-    with pytest.raises(TrellisError, match="needs 22 KV pages but the pool has 4"):
+    assert engine.stats()["context_tokens_max"] == 64 and engine.stats()["preemptions"] == 0
+    with pytest.raises(TrellisError, match="the prompt has 320 tokens; the context holds 64"):
         engine.add(p["long"], Sampling(max_tokens=32), stop_token_ids=[])
+    with pytest.raises(TrellisError, match="context_tokens_max 65 does not fit the KV pool"):
+        trellisforge.Engine(model_dir, max_seqs=3, page_tokens=16, kv_pages=4, ctx=65)
 
 
 def test_a_prompt_longer_than_the_context_is_refused(model_dir):

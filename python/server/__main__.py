@@ -30,7 +30,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="require 'Authorization: Bearer KEY' on /v1 (or set TRELLISFORGE_API_KEY)")
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--max-seqs", type=int, default=16, help="sequences generating at once")
-    parser.add_argument("--ctx", type=int, default=0, help="context tokens per sequence (0: the model's, capped at 8192)")
+    parser.add_argument("--ctx", type=int, default=0,
+                        help="the longest sequence, prompt and output, in tokens (0: the model's, capped at what the KV pool holds)")
+    parser.add_argument("--kv-tokens", type=int, default=0,
+                        help="positions the KV cache holds, shared by every sequence: one may take it all, and when it runs"
+                             " out the youngest sequence waits and computes its tokens again (0: --max-seqs times --ctx, or"
+                             " with --ctx 0 times the model's context capped at 8192)")
     parser.add_argument("--rows-max", type=int, default=None,
                         help="tokens per engine step: a long prompt's chunk (default 1024 on cuda, where the prompt"
                              " kernels gain from large chunks, 256 on cpu)")
@@ -63,11 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         args.rows_max = 1024 if args.backend == "cuda" else 256
     if args.tp_rank > 0:
         return run_worker(model_dir, args)
+    if args.kv_tokens < 0 or args.ctx < 0:
+        print("error: --kv-tokens and --ctx must not be negative", file=sys.stderr)
+        return 2
     if args.max_body_mb <= 0:
         print("error: --max-body-mb must be positive", file=sys.stderr)
         return 2
     config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
-                          backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, rows_max=args.rows_max,
+                          backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, kv_tokens=args.kv_tokens,
+                          rows_max=args.rows_max,
                           tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None,
                           max_body_mb=args.max_body_mb, prefix_cache=not args.no_prefix_cache, kv_dtype=args.kv_dtype)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"

@@ -30,6 +30,8 @@ class Metrics:
                                        registry=r)
         self.prefix_miss_tokens = Gauge("trellisforge_prefix_cache_miss_tokens",
                                         "Prompt tokens computed while the prefix cache runs, since start", registry=r)
+        self.preemptions = Gauge("trellisforge_preemptions", "Sequences sent back to wait for KV pages (they compute their"
+                                 " tokens again, then go on), since start", registry=r)
         # What a KV page costs: the cache's dtype (a label) and the bytes one position takes.
         self.kv_bytes_per_token = Gauge("trellisforge_kv_bytes_per_token", "KV cache bytes one position takes, by stored dtype",
                                         ["dtype"], registry=r)
@@ -42,6 +44,7 @@ class Metrics:
         self.kv_pages_cached.set(stats["pages_cached"])
         self.prefix_hit_tokens.set(stats["prefix_hit_tokens"])
         self.prefix_miss_tokens.set(stats["prefix_miss_tokens"])
+        self.preemptions.set(stats["preemptions"])
         self.kv_bytes_per_token.labels(dtype=stats["kv_dtype"]).set(stats["kv_bytes_per_token"])
 
     def render(self) -> bytes:

@@ -88,7 +88,7 @@ async def submit(state, body, plan: Plan) -> list:
                 handles.append((choice, sequence_id, events))
     except TrellisError as error:
         cancel_all(state, handles)
-        status = 503 if "slots are in use" in str(error) or "KV pages" in str(error) else 400
+        status = 503 if "slots are in use" in str(error) else 400
         raise ApiError(status, str(error), code="overloaded" if status == 503 else "invalid_value") from None
     except BaseException:  # the client left while the sequences were being added
         cancel_all(state, handles)

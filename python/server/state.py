@@ -19,6 +19,7 @@ from .runtime import Runtime
 from .structured import Grammars
 
 log = logging.getLogger("trellisforge")
+PAGE_TOKENS = 16  # positions a KV page holds
 
 
 @dataclasses.dataclass
@@ -29,6 +30,7 @@ class ServerConfig:
     backend: str = "cpu"
     max_seqs: int = 16
     ctx: int = 0
+    kv_tokens: int = 0  # the shared KV pool's positions (0: the engine's default)
     rows_max: int = 256
     tp_world: int = 1
     tp_master: str | None = None
@@ -56,7 +58,9 @@ class State:
         started = time.monotonic()
         try:
             self.tokenizer = Tokenizer(c.model_dir)
+            kv_pages = -(-c.kv_tokens // PAGE_TOKENS)
             self.engine = trellisforge.Engine(c.model_dir, backend=c.backend, max_seqs=c.max_seqs, ctx=c.ctx, rows_max=c.rows_max,
+                                              kv_pages=kv_pages, page_tokens=PAGE_TOKENS,
                                               tp_world=c.tp_world, tp_master=c.tp_master, prefix_cache=c.prefix_cache,
                                               kv_dtype=c.kv_dtype)
             self.grammars = Grammars(self.tokenizer.json_text, self.engine.vocab_size, self.engine.eos_token_ids,

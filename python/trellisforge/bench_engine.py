@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks as processes on loopback (MODEL_DIR only)")
     parser.add_argument("--decode-context", type=int, default=16, help="prompt tokens before each decode stream: the context its attention reads")
     parser.add_argument("--max-seqs", type=int, default=8, help="sequences the engine holds (its KV pages: max-seqs x ctx tokens)")
-    parser.add_argument("--ctx", type=int, default=0, help="the engine's context limit (0: the model's, capped at 8192)")
+    parser.add_argument("--ctx", type=int, default=0, help="the engine's context limit (0: the model's, capped at what the KV pool holds: max-seqs x min(model's, 8192))")
     parser.add_argument("--rows-max", type=int, default=256, help="rows per forward: the prompt's chunk size")
     parser.add_argument("--bandwidth-gbs", type=float, default=0.0, help="memory bandwidth per GPU (tf-bench's copy GB/s) for the roofline")
     parser.add_argument("--shared-prefix", type=int, default=0,

@@ -79,7 +79,11 @@ class Engine:
         identical full pages instead of computing them (for models with recurrent state, with the
         state kept after some of them; stats()["prefix_cache"] says whether it runs). kv_dtype:
         what the KV cache stores, "f16" (the default), "f32" (the exact reference's numbers) or
-        "fp8" (e4m3, GPUs of sm_89 and later; the cpu emulates it)."""
+        "fp8" (e4m3, GPUs of sm_89 and later; the cpu emulates it). kv_pages: the pool of
+        page_tokens-position pages every sequence shares (0: max_seqs contexts of ctx, or with ctx 0
+        of the model's capped at 8192); ctx 0: the model's context capped at the pool. A sequence
+        that outgrows a spent pool preempts the youngest, which later goes on with the same tokens
+        (stats()["preemptions"])."""
         params = _params(backend, max_seqs, kv_pages, page_tokens, ctx, rows_max, tp_world, prefix_cache, kv_dtype)
         self.model_dir = pathlib.Path(model_dir)
         handle = ffi.new("tf_engine **")
@@ -206,7 +210,7 @@ class Engine:
             "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
             "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs", "state_bytes_per_sequence",
             "state_bytes_total", "prefix_cache", "pages_cached", "prefix_hit_tokens", "prefix_miss_tokens",
-            "kv_bytes_per_token")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype], "programmatic_launch": bool(out.programmatic_launch)}
+            "kv_bytes_per_token", "preemptions")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype], "programmatic_launch": bool(out.programmatic_launch)}
 
     def time_next_step(self) -> None:
         """Times the next `step`'s forward launch by launch (the cuda backend: one GPU, or rank 0 of a GPU group); read it

@@ -123,9 +123,10 @@ typedef struct tf_engine tf_engine;
 typedef struct {
     int32_t backend;             /* 0 = cpu, 1 = cuda */
     uint32_t sequences_max;      /* live + waiting sequences, 1..256 */
-    uint32_t kv_pages;           /* 0: sequences_max full contexts */
+    uint32_t kv_pages;           /* 0: sequences_max contexts of context_tokens_max (that 0: of the
+                                    model's, capped at 8192); shared: one sequence may take it all */
     uint32_t page_tokens;        /* positions per KV page */
-    uint32_t context_tokens_max; /* 0: the model's max_position_embeddings, capped at 8192 */
+    uint32_t context_tokens_max; /* 0: the model's max_position_embeddings, capped at the pool's tokens */
     uint32_t rows_max;           /* tokens per step: prompt chunks + decode rows */
     uint32_t tp_world;           /* tensor-parallel ranks inside this process (cpu); 0 or 1 = none */
     uint32_t prefix_cache;       /* 1: a prompt maps the KV pages of an earlier prompt's identical full
@@ -193,6 +194,8 @@ typedef struct {
     uint64_t kv_bytes_per_token; /* cache bytes one position takes across every layer and part */
     uint32_t programmatic_launch; /* 1: GPU kernels launch before their predecessor ends (sm_90+; TF_CUDA_PDL=0 off) */
     uint32_t launch_reserved;
+    uint64_t preemptions;        /* sequences sent back to wait when the shared page pool ran out
+                                    (they compute their tokens again, then go on as before) */
 } tf_engine_stats;
 
 tf_status tf_engine_create(const char *model_dir, const tf_engine_params *params, tf_engine **out);

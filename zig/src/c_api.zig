@@ -390,7 +390,7 @@ comptime {
     std.debug.assert(@sizeOf(engine_mod.Params) == 36);
     std.debug.assert(@sizeOf(tf.engine.sampler.Params) == 56);
     std.debug.assert(@sizeOf(engine_mod.Record) == 192);
-    std.debug.assert(@sizeOf(engine_mod.Stats) == 136);
+    std.debug.assert(@sizeOf(engine_mod.Stats) == 144);
 }
 
 const EngineHandle = struct {

@@ -41,4 +41,7 @@ async def model(name: str, request: Request):
 
 
 def model_card(state) -> dict:
-    return {"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "trellisforge"}
+    card = {"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "trellisforge"}
+    if state.engine is not None:
+        card["max_model_len"] = state.engine.context_tokens_max  # vLLM's name: what clients size prompts by
+    return card

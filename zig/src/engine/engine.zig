@@ -1,8 +1,8 @@
 //! The engine: sequences, their paged KV, and `step()`, one forward over a batch that mixes prompt
 //! chunks and decode rows of many sequences (continuous batching with chunked prefill). Everything
-//! a step uses is allocated in `init`; a sequence is admitted only when its whole page budget
-//! (prompt + max_tokens, capped at the context) can be reserved, so a step never runs out of pages
-//! and never touches another sequence's.
+//! a step uses is allocated in `init`; the pages a step's rows take are reserved before it plans
+//! them (admission.zig: younger sequences are preempted when the shared pool is spent), so a step
+//! never runs out of pages and never touches another sequence's.
 const std = @import("std");
 const assert = std.debug.assert;
 const core = @import("../core/root.zig");
@@ -14,6 +14,7 @@ const sampler = @import("sampler.zig");
 const token_mask = @import("token_mask.zig");
 const logit_bias = @import("logit_bias.zig");
 const sequence_controls = @import("sequence_controls.zig");
+const admission = @import("admission.zig");
 const TensorParallel = @import("tensor_parallel.zig").TensorParallel;
 const distributed = @import("distributed.zig");
 const gpu_sampling = @import("../cuda/sampling.zig");
@@ -81,6 +82,8 @@ pub const Engine = struct {
     sequences: []Sequence,
     pages_reserved: usize,
     next_id: u64,
+    /// Sequences sent back to wait for pages (admission.zig), since init.
+    preemptions: u64,
     workspace: sampler.Workspace,
     // Per-step plan, sized for rows_max rows.
     batch_tokens: []u32,
@@ -230,6 +233,7 @@ pub const Engine = struct {
         }
         engine.pages_reserved = 0;
         engine.next_id = 1;
+        engine.preemptions = 0;
     }
 
     /// Sequences and the per-step plan, all from one arena freed with the engine.
@@ -286,7 +290,7 @@ pub const Engine = struct {
         return &engine.weights.config;
     }
 
-    /// Queues a sequence; it becomes active in a later step once its page budget fits.
+    /// Queues a sequence; it becomes active in a later step once its prompt's pages fit (admission.zig).
     pub fn addSequence(engine: *Engine, prompt: []const u32, sampling: sampler.Params, stop_tokens: []const u32, diag: *Diagnostic) Error!u64 {
         const p = engine.params;
         if (sampling.check()) |problem| {
@@ -309,7 +313,7 @@ pub const Engine = struct {
             diag.set("token id {d} is outside the vocabulary of {d}", .{ t, engine.config().vocab_size });
             return error.InvalidArgument;
         };
-        const pages_needed = pagesFor(engine, prompt.len + sampling.max_tokens);
+        const pages_needed = engine.pagesFor(prompt.len);
         if (pages_needed > p.kv_pages) {
             diag.set("the sequence needs {d} KV pages but the pool has {d}", .{ pages_needed, p.kv_pages });
             return error.InvalidArgument;
@@ -329,7 +333,7 @@ pub const Engine = struct {
         sequence.length = prompt.len;
         sequence.computed = 0;
         sequence.pages_used = 0;
-        sequence.pages_reserved = pages_needed;
+        sequence.pages_reserved = 0; // reserved when admitted
         sequence.cached_tokens = 0;
         sequence.pages_offered = 0;
         sequence.sampling = sampling;
@@ -342,7 +346,8 @@ pub const Engine = struct {
         return sequence.id;
     }
 
-    fn pagesFor(engine: *const Engine, tokens: usize) usize {
+    /// Pages that `tokens` positions take (at most the context's).
+    pub fn pagesFor(engine: *const Engine, tokens: usize) usize {
         const capped = @min(tokens, engine.params.context_tokens_max);
         return std.math.divCeil(usize, capped, engine.params.page_tokens) catch unreachable;
     }
@@ -382,25 +387,11 @@ pub const Engine = struct {
         return @import("stats.zig").of(engine);
     }
 
-    /// Admits waiting sequences in id order while their page budgets fit.
-    fn admit(engine: *Engine, diag: *Diagnostic) Error!void {
-        while (true) {
-            var next: ?*Sequence = null;
-            for (engine.sequences) |*s| {
-                if (s.state == .waiting and (next == null or s.id < next.?.id)) next = s;
-            }
-            const sequence = next orelse return;
-            if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) return;
-            engine.pages_reserved += sequence.pages_reserved;
-            sequence.state = .active;
-            try engine.mapCachedPrefix(sequence, diag);
-        }
-    }
-
     /// One forward over every active sequence: a prompt chunk or one decode row each, within
     /// rows_max rows. Writes a record per sampled token into `records` and returns how many.
     pub fn step(engine: *Engine, records: []Record, diag: *Diagnostic) Error!usize {
-        try engine.admit(diag);
+        try admission.admit(engine, diag);
+        admission.grow(engine);
         var rows: usize = 0;
         var logits_count: usize = 0;
         const budget = engine.params.rows_max;
@@ -509,7 +500,7 @@ pub const Engine = struct {
         return null;
     }
 
-    fn activeInIdOrder(engine: *const Engine, order: *[256]u32) []const u32 {
+    pub fn activeInIdOrder(engine: *const Engine, order: *[256]u32) []const u32 {
         var count: usize = 0;
         for (engine.sequences, 0..) |s, slot| {
             if (s.state != .active) continue;
@@ -564,8 +555,8 @@ pub const Engine = struct {
 
     // A sequence's pages: taken, mapped from and offered to the prefix cache, released.
     pub const ensurePage = sequence_pages.ensurePage;
-    const releasePages = sequence_pages.releasePages;
-    const mapCachedPrefix = sequence_pages.mapCachedPrefix;
+    pub const releasePages = sequence_pages.releasePages;
+    pub const mapCachedPrefix = sequence_pages.mapCachedPrefix;
     const offerFilledPages = sequence_pages.offerFilledPages;
 
     /// Logits at every position of each prompt, as fresh sequences batched together: for

@@ -7,12 +7,16 @@ const glm = @import("../families/glm/root.zig");
 
 pub const Backend = enum(i32) { cpu = 0, cuda = 1 };
 
+/// A sequence's share of the default pool: the pool is what `sequences_max` contexts of the
+/// model's took when each was capped at this, and one sequence may now use all of it.
+pub const default_sequence_tokens = 8192;
+
 pub const Params = extern struct {
     backend: i32 = 0,
     sequences_max: u32 = 16,
-    kv_pages: u32 = 0, // 0: enough for every sequence at full context
+    kv_pages: u32 = 0, // 0: every sequence at context_tokens_max (or, that 0, at the model's capped at 8192)
     page_tokens: u32 = 16,
-    context_tokens_max: u32 = 0, // 0: the model's max_position_embeddings, capped at 8192
+    context_tokens_max: u32 = 0, // 0: the model's max_position_embeddings, capped at what the pool holds
     rows_max: u32 = 256, // tokens per step (prompt chunks + decode rows)
     tp_world: u32 = 1, // tensor-parallel ranks inside this process (CPU backend)
     prefix_cache: u32 = 0, // 1: map earlier prompts' identical full KV pages (prefix_cache.zig)
@@ -34,12 +38,22 @@ pub fn resolve(requested: Params, c: glm.Config, diag: *Diagnostic) error{Invali
     if (p.prefix_cache > 1) return invalid(diag, "prefix_cache must be 0 or 1", .{});
     if (p.kv_dtype == 0) p.kv_dtype = @backingInt(KvDtype.f16);
     if (std.enums.fromInt(KvDtype, p.kv_dtype) == null) return invalid(diag, "kv_dtype {d} is none of 1 (f32), 2 (f16), 3 (fp8)", .{p.kv_dtype});
-    if (p.context_tokens_max == 0) p.context_tokens_max = @intCast(@min(c.max_position_embeddings, 8192));
-    if (p.context_tokens_max < 2 or p.context_tokens_max > c.max_position_embeddings) {
-        return invalid(diag, "context_tokens_max {d} must be 2..{d} (max_position_embeddings)", .{ p.context_tokens_max, c.max_position_embeddings });
+    const model_context: u32 = @intCast(@min(c.max_position_embeddings, std.math.maxInt(u32)));
+    if (p.context_tokens_max != 0 and (p.context_tokens_max < 2 or p.context_tokens_max > model_context)) {
+        return invalid(diag, "context_tokens_max {d} must be 2..{d} (max_position_embeddings)", .{ p.context_tokens_max, model_context });
     }
-    const pages_per_sequence = std.math.divCeil(u32, p.context_tokens_max, p.page_tokens) catch unreachable;
-    if (p.kv_pages == 0) p.kv_pages = pages_per_sequence * p.sequences_max;
+    if (p.kv_pages == 0) {
+        const per_sequence = if (p.context_tokens_max != 0) p.context_tokens_max else @min(model_context, default_sequence_tokens);
+        p.kv_pages = std.math.cast(u32, @as(u64, std.math.divCeil(u32, per_sequence, p.page_tokens) catch unreachable) * p.sequences_max) orelse
+            return invalid(diag, "{d} sequences of {d} tokens are more KV pages than 2^32", .{ p.sequences_max, per_sequence });
+    }
+    // One sequence may take the whole pool (admission.zig preempts younger ones for it).
+    const pool_tokens = @as(u64, p.kv_pages) * p.page_tokens;
+    if (p.context_tokens_max == 0) p.context_tokens_max = @intCast(@min(model_context, pool_tokens));
+    if (p.context_tokens_max > pool_tokens) {
+        return invalid(diag, "context_tokens_max {d} does not fit the KV pool ({d} pages of {d} tokens)", .{ p.context_tokens_max, p.kv_pages, p.page_tokens });
+    }
+    if (p.context_tokens_max < 2) return invalid(diag, "the KV pool holds {d} tokens; a context takes 2 at least", .{pool_tokens});
     return p;
 }
 

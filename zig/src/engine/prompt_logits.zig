@@ -30,11 +30,13 @@ pub fn promptLogits(engine: *Engine, prompts: []const []const u32, out: []f32, d
     // Prompt logits bypass admission order: take the budgets now or refuse.
     for (ids[0..added]) |id| {
         const sequence = engine.find(id).?;
-        if (engine.pages_reserved + sequence.pages_reserved > engine.params.kv_pages) {
+        const need = engine.pagesFor(sequence.length);
+        if (engine.pages_reserved + need > engine.params.kv_pages) {
             diag.set("not enough free KV pages for these prompts now ({d} reserved of {d})", .{ engine.pages_reserved, engine.params.kv_pages });
             return error.InvalidArgument;
         }
-        engine.pages_reserved += sequence.pages_reserved;
+        engine.pages_reserved += need;
+        sequence.pages_reserved = need;
         sequence.state = .active;
     }
     var written: usize = 0;

@@ -48,4 +48,6 @@ pub const Stats = extern struct {
     kv_bytes_per_token: u64,
     programmatic_launch: u32,
     launch_reserved: u32 = 0,
+    /// Sequences preempted for pages since the engine began (admission.zig).
+    preemptions: u64,
 };

@@ -13,7 +13,7 @@ pub fn ensurePage(engine: *Engine, sequence: *Sequence, position: usize) void {
     const page_index = position / engine.params.page_tokens;
     assert(page_index <= sequence.pages_used);
     if (page_index < sequence.pages_used) return;
-    assert(sequence.pages_used < sequence.pages_reserved); // the budget admitted covers it
+    assert(sequence.pages_used < sequence.pages_reserved); // admission.zig reserved it
     const slot = engine.slotOf(sequence);
     sequence.pages[sequence.pages_used] = if (engine.pages.free_count > 0) engine.pages.take(slot) else taken: {
         // Admission counted the evictable cached pages as free: one waits.
@@ -41,7 +41,7 @@ pub fn releasePages(engine: *Engine, sequence: *Sequence, slot: u32) void {
 }
 
 /// A newly active sequence's prompt starts at its cached full pages, if any: they are mapped
-/// (their budget stays in the sequence's reservation, so admission never over-commits) and its
+/// (they count in the sequence's reservation, so admission never over-commits) and its
 /// computation starts after them. At least the prompt's last token is always computed: its logits
 /// give the first token. A recurrent model keeps those up to its deepest state snapshot and starts
 /// from that state (state_snapshots.zig).
