@@ -46,6 +46,21 @@ async def encode(state, text: str, param: str) -> list[int]:
 
 
 async def generate(state, body, plan: Plan):
+    handles, prompt_tokens = await start(state, body, plan)
+    request_id = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    header = {"id": request_id, "created": int(time.time()), "model": state.config.model_name}
+    if body.stream:
+        return StreamingResponse(stream(state, handles, header, body, prompt_tokens, plan.kind), media_type="text/event-stream",
+                                 headers=STREAM_HEADERS)
+    return await collect(state, handles, header, body, prompt_tokens, plan.kind)
+
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def start(state, body, plan: Plan) -> tuple[list, int]:
+    """The plan's sequences in the engine, once its prompts and limits are checked: the handles
+    (choice, sequence id, event queue) and the prompt tokens counted."""
     context = state.engine.context_tokens_max
     param = "messages" if plan.kind == "chat" else "prompt"
     for prompt in plan.prompts:
@@ -63,12 +78,7 @@ async def generate(state, body, plan: Plan):
     handles = await submit(state, body, plan)
     prompt_tokens = sum(len(p) for p in plan.prompts)
     state.metrics.prompt_tokens.inc(prompt_tokens * body.n)
-    request_id = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    header = {"id": request_id, "created": int(time.time()), "model": state.config.model_name}
-    if body.stream:
-        return StreamingResponse(stream(state, handles, header, body, prompt_tokens, plan.kind), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await collect(state, handles, header, body, prompt_tokens, plan.kind)
+    return handles, prompt_tokens
 
 
 async def submit(state, body, plan: Plan) -> list:
@@ -107,7 +117,9 @@ def cancel_all(state, handles) -> int:
     return len(unfinished)
 
 
-async def collect(state, handles, header, body, prompt_tokens: int, kind: str):
+async def finish_all(state, handles, request_id: str) -> None:
+    """Every choice to its end (the request counted as completed), or a 503 when the engine
+    failed under one; a client that leaves cancels the unfinished ones."""
     try:
         for choice, sequence_id, events in handles:
             while not choice.done:
@@ -115,7 +127,7 @@ async def collect(state, handles, header, body, prompt_tokens: int, kind: str):
             if choice.cancel_engine:
                 state.runtime.cancel(sequence_id)
     except asyncio.CancelledError:  # cancellation.py: the client left
-        log.info("%s: the client left; cancelled %d unfinished sequence(s) (499)", header["id"], cancel_all(state, handles))
+        log.info("%s: the client left; cancelled %d unfinished sequence(s) (499)", request_id, cancel_all(state, handles))
         state.metrics.requests.labels("cancelled").inc()
         raise
     failure = next((choice.failure for choice, _, _ in handles if choice.failure), None)
@@ -123,6 +135,10 @@ async def collect(state, handles, header, body, prompt_tokens: int, kind: str):
         state.metrics.requests.labels("failed").inc()
         raise ApiError(503, failure)
     state.metrics.requests.labels("completed").inc()
+
+
+async def collect(state, handles, header, body, prompt_tokens: int, kind: str):
+    await finish_all(state, handles, header["id"])
     completion_tokens = sum(choice.tokens for choice, _, _ in handles)
     return JSONResponse({
         **header,

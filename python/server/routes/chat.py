@@ -22,6 +22,12 @@ router = APIRouter(route_class=JsonRoute)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.trellisforge
     state.require_ready(body.model)
+    return await generate(state, body, await chat_plan(state, body))
+
+
+async def chat_plan(state, body: ChatCompletionRequest) -> Plan:
+    """The request's prompt through the chat template, its output parsers and its grammar (the
+    Responses API's route runs its requests through this too)."""
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and body.tool_choice != "none" else None
     messages = template_messages(body)
     template_kwargs = dict(body.chat_template_kwargs or {})
@@ -39,10 +45,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     grammar = await asyncio.to_thread(state.grammars.for_request, body, tools, starts_in_reasoning)
     parsed = {THINK_OPEN, THINK_CLOSE} | (set(CALL_TAGS) if tools is not None else set())
     kept = {state.tokenizer.token_id(tag) for tag in parsed} - {None}
-    plan = Plan(kind="chat", prompts=[prompt], max_tokens=body.max_completion_tokens or body.max_tokens,
+    return Plan(kind="chat", prompts=[prompt], max_tokens=body.max_completion_tokens or body.max_tokens,
                 starts_in_reasoning=starts_in_reasoning, tools=tools, grammar=grammar,
                 hidden_ids=state.hidden_ids(kept) if body.skip_special_tokens else frozenset())
-    return await generate(state, body, plan)
 
 
 def template_messages(body: ChatCompletionRequest) -> list[dict]:
