@@ -64,7 +64,10 @@ def test_a_tool_call_round_trip(scripted):
     # The second turn as Codex sends it: the whole conversation, the model's items echoed back.
     second_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
                     reasoning, call, {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny, 21 degrees"}]
-    second = create(base, model="glm-scripted", input=second_input, tools=TOOLS, temperature=0, instructions="Be brief.")
+    # ... with the fields it sends beside them, which cannot change the output here.
+    second = create(base, model="glm-scripted", input=second_input, tools=TOOLS, temperature=0, instructions="Be brief.",
+                    tool_choice="auto", parallel_tool_calls=False, reasoning={"effort": "medium", "summary": "auto"}, store=False,
+                    include=["reasoning.encrypted_content"], prompt_cache_key="thread-1", text={"verbosity": "medium"})
     chat_call = chat.choices[0].message.tool_calls[0]
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION},
                {"role": "assistant", "content": None, "reasoning_content": scripted_model.REASONING,

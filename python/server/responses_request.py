@@ -25,6 +25,7 @@ class Reasoning(Strict):
 
 class TextConfig(Strict):
     format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models; GLM's templates take none
 
 
 class ResponsesRequest(Strict):
