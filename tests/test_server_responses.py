@@ -151,6 +151,8 @@ def test_a_json_schema_format_is_enforced(tiny):
     ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice", "unsupported_value"),
     ({"truncation": "auto"}, "truncation", "invalid_value"),
     ({"temprature": 0.5}, "temprature", "invalid_value"),
+    ({"max_output_tokens": 100_000}, "max_output_tokens", "context_length_exceeded"),
+    ({"input": "word " * 5000}, "input", "context_length_exceeded"),
 ])
 def test_bad_requests_get_a_400_naming_the_field(tiny, fields, param, code):
     base, _ = tiny

@@ -104,7 +104,7 @@ def as_chat(body: ResponsesRequest) -> ChatCompletionRequest:
 
 
 RESPONSES_NAMES = {"response_format": "text.format", "reasoning_effort": "reasoning.effort", "messages": "input",
-                   "max_completion_tokens": "max_output_tokens"}
+                   "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens"}
 
 
 def messages(body: ResponsesRequest) -> list[dict]:
