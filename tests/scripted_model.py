@@ -55,7 +55,9 @@ CORPUS = ["What is the weather in Paris today? Please tell me, and be brief.",
           "Sunny, 21 degrees. # Tools You may call one or more functions to assist with the user query."]
 
 
-def write(path: pathlib.Path, seed: int = 0) -> pathlib.Path:
+def write(path: pathlib.Path, seed: int = 0, repeat_calls: bool = False) -> pathlib.Path:
+    """repeat_calls: after `</tool_call>` comes `<tool_call>` again (the same call, over and over)
+    instead of `<|observation|>`: a model that calls tools in parallel until stopped."""
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -82,8 +84,11 @@ def write(path: pathlib.Path, seed: int = 0) -> pathlib.Path:
     embeddings = rng.standard_normal((vocab, hidden)).astype(np.float32)
     normed = embeddings / np.sqrt(np.mean(embeddings ** 2, axis=1, keepdims=True))
     lm_head = (rng.standard_normal((vocab, hidden)) * 0.05).astype(np.float32)
-    for previous, following in zip(ids, ids[1:]):
-        lm_head[following] = normed[previous]
+    chain = list(zip(ids, ids[1:]))
+    if repeat_calls:
+        chain[-1] = (ids[SCRIPT.index("</tool_call>")], ids[SCRIPT.index("<tool_call>")])
+    for following in {f for _, f in chain}:  # a piece that follows two pieces answers to both
+        lm_head[following] = sum(normed[previous] for previous, f in chain if f == following)
     tensors = {"model.embed_tokens.weight": embeddings, "model.norm.weight": np.ones(hidden, np.float32), "lm_head.weight": lm_head}
 
     def linear(name, out_features, in_features, zero=False):

@@ -69,3 +69,28 @@ def test_without_tools_the_call_stays_text(scripted):
     assert reply.choices[0].finish_reason == "stop" and not message.tool_calls
     assert message.reasoning_content == scripted_model.REASONING
     assert message.content.startswith("<tool_call>get_weather")
+
+
+@pytest.fixture(scope="module")
+def repeating(tmp_path_factory):
+    model_dir = scripted_model.write(tmp_path_factory.mktemp("repeating") / "glm-repeating", repeat_calls=True)
+    with running_server("--model", str(model_dir)) as (base, _):
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_ends_a_choice_at_its_first_call(repeating, stream):
+    """A model that would call get_weather over and over: parallel calls come back while allowed, and
+    with parallel_tool_calls false the first call ends the choice (finish_reason tool_calls)."""
+    def calls(**fields):
+        reply = repeating.chat.completions.create(model="glm-repeating", messages=QUESTION, tools=TOOLS, temperature=0,
+                                                  max_tokens=60, stream=stream, **fields)
+        if not stream:
+            return reply.choices[0].message.tool_calls or [], reply.choices[0].finish_reason
+        chunks = [c for c in reply if c.choices]
+        return [call for c in chunks for call in (c.choices[0].delta.tool_calls or [])], chunks[-1].choices[0].finish_reason
+
+    many, _ = calls()
+    assert len(many) >= 2 and {c.function.name for c in many} == {"get_weather"}
+    (one,), finish = calls(parallel_tool_calls=False)
+    assert finish == "tool_calls" and json.loads(one.function.arguments) == {"city": "Paris"}

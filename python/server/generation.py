@@ -34,6 +34,7 @@ class ChoiceState:
         self.detokenizer = tokenizer.detokenizer()
         self.stops = StopMatcher(stops or [])
         self.parser = OutputParser(plan.starts_in_reasoning, plan.tools) if plan.kind == "chat" else None
+        self.one_call = plan.one_call
         self.want_logprobs = want_logprobs
         self.tokens = 0
         self.text = ""
@@ -88,12 +89,19 @@ class ChoiceState:
             emitted += self.stops.flush()
             self.finish_reason = "stop" if event.finish_reason in ("stop", "cancelled") else event.finish_reason
         self.logprobs.extend(logprobs)
-        if self.finish_reason is not None:
-            self.done = True
-            chunks = self._chunks(self._finish_text(emitted), logprobs)
-            metrics.finish_reasons.labels(self.finish_reason).inc()  # after tool calls made it "tool_calls"
-            return chunks
-        return self._chunks(self._feed_text(emitted), logprobs)
+        if self.finish_reason is None:
+            delta = self._feed_text(emitted)
+            if not (self.one_call and delta.tool_calls):
+                return self._chunks(delta, logprobs)
+            # parallel_tool_calls false: the first call ends the choice (the engine's sequence too).
+            delta.tool_calls = delta.tool_calls[:1]
+            self.finish_reason, self.cancel_engine = "tool_calls", True
+        else:
+            delta = self._finish_text(emitted)
+        self.done = True
+        chunks = self._chunks(delta, logprobs)
+        metrics.finish_reasons.labels(self.finish_reason).inc()  # after tool calls made it "tool_calls"
+        return chunks
 
     def _feed_text(self, text: str) -> Delta:
         if self.parser is None:

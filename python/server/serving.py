@@ -32,6 +32,7 @@ class Plan:
     tools: list[dict] | None = None  # the calls to parse, when the request offers tools
     grammar: Grammar | None = None  # structured output: every choice constrained by it
     hidden_ids: frozenset = frozenset()  # tokens whose text never reaches the client
+    one_call: bool = False  # parallel_tool_calls false: a choice ends at its first tool call
 
 
 async def encode(state, text: str, param: str) -> list[int]:

@@ -47,6 +47,7 @@ async def chat_plan(state, body: ChatCompletionRequest) -> Plan:
     kept = {state.tokenizer.token_id(tag) for tag in parsed} - {None}
     return Plan(kind="chat", prompts=[prompt], max_tokens=body.max_completion_tokens or body.max_tokens,
                 starts_in_reasoning=starts_in_reasoning, tools=tools, grammar=grammar,
+                one_call=tools is not None and body.parallel_tool_calls is False,
                 hidden_ids=state.hidden_ids(kept) if body.skip_special_tokens else frozenset())
 
 
