@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API as this server accepts them. Unknown fields are refused (a
 typo'd parameter silently ignored is a surprise); fields OpenAI clients send that cannot change
 what is generated here are accepted: `user`, `safety_identifier`, `store`, `metadata`,
-`parallel_tool_calls`, `service_tier`, `prompt_cache_key` (the prefix cache needs no key),
+`service_tier`, `prompt_cache_key` (the prefix cache needs no key),
 `prediction` (a latency hint; the output is the same without it), `modalities: ["text"]` and
 `stream_options.include_obfuscation` (nothing is padded). Beyond OpenAI's, as vLLM names them:
 `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`,
