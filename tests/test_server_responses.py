@@ -176,3 +176,9 @@ def test_a_client_that_leaves_a_stream_leaves_nothing_running(tiny):
             break
         time.sleep(0.05)
     assert "trellisforge_requests_running 0.0" in metrics and "trellisforge_kv_pages_used 0.0" in metrics
+
+
+def test_a_stored_response_is_asked_for_in_vain(tiny):
+    base, _ = tiny
+    reply = httpx.get(f"{base}/v1/responses/resp_123", timeout=30)
+    assert reply.status_code == 404 and "keeps no responses" in reply.json()["error"]["message"]

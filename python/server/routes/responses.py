@@ -48,6 +48,12 @@ async def responses(body: ResponsesRequest, request: Request):
     return JSONResponse(items.response("incomplete" if choice.finish_reason == "length" else "completed", counted))
 
 
+@router.get("/v1/responses/{response_id}")
+async def stored_response(response_id: str):
+    raise ApiError(404, f"response '{response_id}' is not stored: this server keeps no responses (send the whole conversation"
+                   " in 'input')", param="response_id", code="not_found")
+
+
 async def events(state, handles, items: Items, prompt_tokens: int):
     (choice, sequence_id, queue) = handles[0]
     ended = False
