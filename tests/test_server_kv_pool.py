@@ -57,9 +57,18 @@ def test_requests_that_outgrow_the_pool_are_preempted_and_answer_as_alone(server
     assert together == alone
 
 
+def serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server", "--model", str(checkpoint_dir("3.0")), "--port", "0", *args], cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+
+
 def test_a_context_the_pool_cannot_hold_stops_the_server():
-    done = subprocess.run([sys.executable, "-m", "server", "--model", str(checkpoint_dir("3.0")), "--port", "0", "--kv-tokens", "256",
-                           "--ctx", "512"], cwd=ROOT, env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=120)
+    done = serve("--kv-tokens", "256", "--ctx", "512")
     assert done.returncode == 1
     assert "context_tokens_max 512 does not fit the KV pool (16 pages of 16 tokens)" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--kv-tokens", "--ctx"])
+def test_a_negative_size_is_refused_before_anything_loads(flag):
+    done = serve(flag, "-5")
+    assert done.returncode == 2 and "must not be negative" in done.stderr
