@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import trellisforge
+from trellisforge.engine import PAGE_TOKENS
 from trellisforge.tokenizer import Tokenizer
 
 from .errors import ApiError
@@ -19,7 +20,6 @@ from .runtime import Runtime
 from .structured import Grammars
 
 log = logging.getLogger("trellisforge")
-PAGE_TOKENS = 16  # positions a KV page holds
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ FINISH_REASONS = {0: None, 1: "stop", 2: "length", 3: "cancelled"}
 BACKENDS = {"cpu": 0, "cuda": 1}
 KV_DTYPES = {"f32": 1, "f16": 2, "fp8": 3}
 KV_DTYPE_NAMES = {v: k for k, v in KV_DTYPES.items()}
+PAGE_TOKENS = 16  # positions a KV page holds, unless an engine is asked for other pages
 TIMELINE_PARTS = ("embed", "attention", "norm", "ffn", "head", "other")
 
 
@@ -71,7 +72,7 @@ class TokenEvent:
 
 class Engine:
     def __init__(self, model_dir: str | os.PathLike, backend: str = "cpu", max_seqs: int = 16,
-                 kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, tp_world: int = 1,
+                 kv_pages: int = 0, page_tokens: int = PAGE_TOKENS, ctx: int = 0, rows_max: int = 256, tp_world: int = 1,
                  tp_master: str | None = None, prefix_cache: bool = False, kv_dtype: str = "f16"):
         """tp_world > 1 without tp_master: the ranks are threads of this process (cpu). With
         tp_master "host:port": this engine is rank 0 of tp_world processes and waits there for the
@@ -96,7 +97,7 @@ class Engine:
 
     @classmethod
     def synthetic(cls, config: dict | str, bits: int = 3, seed: int = 0, backend: str = "cpu", max_seqs: int = 16,
-                  kv_pages: int = 0, page_tokens: int = 16, ctx: int = 0, rows_max: int = 256, prefix_cache: bool = False,
+                  kv_pages: int = 0, page_tokens: int = PAGE_TOKENS, ctx: int = 0, rows_max: int = 256, prefix_cache: bool = False,
                   kv_dtype: str = "f16") -> "Engine":
         """An engine over random EXL3 weights made in memory: `config` is a config.json dict or a
         shape name of `synthesize` ("glm-4.5-air", "tiny-4l", ...). For full-size benchmarks with no

@@ -8,63 +8,11 @@ const exl3 = tf.exl3;
 
 const gpa = std.heap.c_allocator;
 
-pub const Status = enum(c_int) {
-    ok = 0,
-    invalid_argument = 1,
-    io = 2,
-    format = 3,
-    not_found = 4,
-    unsupported = 5,
-    out_of_memory = 6,
-    cuda = 7,
-    internal = 8,
-};
-
-threadlocal var last_error: [1024:0]u8 = @splat(0);
-
-fn setError(message: []const u8) void {
-    const length = @min(message.len, last_error.len);
-    @memcpy(last_error[0..length], message[0..length]);
-    last_error[length] = 0;
-}
-
-fn fail(status: Status, comptime fmt: []const u8, args: anytype) Status {
-    var diag: core.Diagnostic = .{};
-    diag.set(fmt, args);
-    setError(diag.message());
-    return status;
-}
-
-fn statusOf(err: anyerror) Status {
-    return switch (err) {
-        error.FileNotFound, error.AccessDenied, error.IsDirectory, error.MapFailed, error.PathTooLong, error.ReadFailed => .io,
-        error.Truncated, error.HeaderPastEnd, error.HeaderTooLarge, error.InvalidJson, error.InvalidHeader, error.UnknownDType, error.RangeOutsideFile, error.ShapeMismatch, error.OverlappingRanges, error.NoWeights, error.InvalidIndex, error.IndexMismatch, error.DuplicateTensor, error.InvalidConfig, error.InvalidLayer => .format,
-        error.MissingTensor, error.NotFound => .not_found,
-        error.InvalidArgument => .invalid_argument,
-        error.UnsupportedModel => .unsupported,
-        error.NoConfig, error.InvalidWeights, error.UnexpectedTensor => .format,
-        error.NetworkFailed, error.PeerClosed, error.TimedOut, error.InvalidAddress => .io,
-        error.UnsupportedQuantization => .unsupported,
-        error.OutOfMemory => .out_of_memory,
-        error.CudaUnavailable, error.CudaFailed => .cuda,
-        else => .internal,
-    };
-}
-
-/// Maps an error to its status; the message is the diagnostic's, or the error's name.
-fn failWith(err: anyerror, diag: *const core.Diagnostic) Status {
-    if (diag.message().len > 0) {
-        setError(diag.message());
-    } else {
-        _ = fail(.internal, "{t}", .{err});
-    }
-    return statusOf(err);
-}
-
-fn ok() Status {
-    last_error[0] = 0;
-    return .ok;
-}
+const c_status = @import("c_status.zig");
+pub const Status = c_status.Status;
+const fail = c_status.fail;
+const failWith = c_status.failWith;
+const ok = c_status.ok;
 
 const Handle = struct {
     magic: u64 = magic_open,
@@ -83,7 +31,7 @@ export fn tf_version() [*:0]const u8 {
 }
 
 export fn tf_last_error() [*:0]const u8 {
-    return &last_error;
+    return c_status.lastError();
 }
 
 /// Available means a GPU answers and our kernels load on it, not merely that libcuda is there.

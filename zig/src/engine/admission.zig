@@ -22,19 +22,30 @@ pub fn admit(engine: *Engine, diag: *Diagnostic) engine_mod.Error!void {
             if (s.state == .waiting and (next == null or s.id < next.?.id)) next = s;
         }
         const sequence = next orelse return;
-        const need = engine.pagesFor(sequence.length);
-        if (engine.pages_reserved + need + running > engine.params.kv_pages) return;
-        engine.pages_reserved += need;
-        sequence.pages_reserved = need;
-        sequence.state = .active;
+        if (!activate(engine, sequence, running)) return;
         try engine.mapCachedPrefix(sequence, diag);
     }
+}
+
+/// A waiting sequence made active with the pages of its positions reserved, if they fit with
+/// `spare` pages left over; false (and nothing changed) if not.
+pub fn activate(engine: *Engine, sequence: *Sequence, spare: usize) bool {
+    const need = engine.pagesFor(sequence.length);
+    if (engine.pages_reserved + need + spare > engine.params.kv_pages) return false;
+    engine.pages_reserved += need;
+    sequence.pages_reserved = need;
+    sequence.state = .active;
+    return true;
 }
 
 /// Oldest first, each running sequence's reservation grows to its positions' pages; where the
 /// pool is spent, younger sequences are preempted until it fits (or the sequence itself is the
 /// youngest, and waits).
 pub fn grow(engine: *Engine) void {
+    // Most steps start no page: then nothing is sorted.
+    for (engine.sequences) |*s| {
+        if (s.state == .active and engine.pagesFor(s.length) > s.pages_reserved) break;
+    } else return;
     var order: [256]u32 = undefined;
     for (engine.activeInIdOrder(&order)) |slot| {
         const sequence = &engine.sequences[slot];

@@ -4,6 +4,7 @@
 const core = @import("../core/root.zig");
 const sampler = @import("sampler.zig");
 const Engine = @import("engine.zig").Engine;
+const admission = @import("admission.zig");
 const Error = @import("engine.zig").Error;
 const Diagnostic = core.Diagnostic;
 
@@ -29,15 +30,10 @@ pub fn promptLogits(engine: *Engine, prompts: []const []const u32, out: []f32, d
     }
     // Prompt logits bypass admission order: take the budgets now or refuse.
     for (ids[0..added]) |id| {
-        const sequence = engine.find(id).?;
-        const need = engine.pagesFor(sequence.length);
-        if (engine.pages_reserved + need > engine.params.kv_pages) {
+        if (!admission.activate(engine, engine.find(id).?, 0)) {
             diag.set("not enough free KV pages for these prompts now ({d} reserved of {d})", .{ engine.pages_reserved, engine.params.kv_pages });
             return error.InvalidArgument;
         }
-        engine.pages_reserved += need;
-        sequence.pages_reserved = need;
-        sequence.state = .active;
     }
     var written: usize = 0;
     var cursor: [256]usize = @splat(0);

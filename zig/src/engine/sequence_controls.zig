@@ -45,9 +45,7 @@ pub fn setLogitBias(engine: *Engine, id: u64, tokens: []align(1) const u32, valu
         diag.set("logit bias entry {d} (token {d}, value {d}) {s} (vocabulary {d})", .{ p.index, tokens[p.index], values[p.index], p.what, vocab });
         return error.InvalidArgument;
     }
-    for (tokens, values, sequence.bias.tokens[0..tokens.len], sequence.bias.values[0..tokens.len]) |t, v, *to_t, *to_v| {
-        to_t.* = t;
-        to_v.* = v;
-    }
+    @memcpy(sequence.bias.tokens[0..tokens.len], tokens);
+    @memcpy(sequence.bias.values[0..values.len], values);
     sequence.bias.count = tokens.len;
 }
