@@ -44,3 +44,38 @@ def test_every_form_gives_the_same_bits(tmp_path, monkeypatch, kind):
     for key, logits in results.items():
         assert np.array_equal(logits.view(np.uint32), reference.view(np.uint32)), f"{kind}: {key} differs from wide at 256 rows"
     within(max(relative_l2(reference[t], cpu[t]) for t in range(len(tokens))), 1e-4, f"{kind}: GPU prompt vs CPU")
+
+
+def prompt_kernels(directory, tokens, rows_max: int) -> tuple[np.ndarray, set[str]]:
+    """The prompt's logits, and the names of the launches of its first chunk (a timed step)."""
+    with trellisforge.Engine(directory, backend="cuda", max_seqs=2, rows_max=rows_max, kv_dtype="f32") as engine:
+        logits = engine.logits(tokens)
+        engine.add(tokens, trellisforge.Sampling(max_tokens=1), stop_token_ids=[])
+        engine.time_next_step()
+        engine.step()
+        names = {e["name"] for e in engine.timeline()}
+    return logits, names
+
+
+@pytest.mark.parametrize("kind", ["glm4_moe", "glm5_next"])
+def test_every_mlp_form_gives_the_same_bits(tmp_path, monkeypatch, kind):
+    """The MLPs' prompt items in groups of up to 64 (full) or 32 (slim, the `_32` kernels) give the
+    same bits, at chunks whose experts hold a few items each and many; the timeline shows each
+    form's kernels ran, and that the engine picks slim for the short chunk by itself."""
+    directory = model_dir(tmp_path, kind)
+    tokens = [int(t) for t in np.random.default_rng(4).integers(0, 300, 300)]
+    results = {}
+    for form in ("full", "slim", None):
+        if form is None:
+            monkeypatch.delenv("TF_CUDA_PROMPT_EXPERTS", raising=False)
+        else:
+            monkeypatch.setenv("TF_CUDA_PROMPT_EXPERTS", form)
+        for rows_max in (24, 256):
+            results[form, rows_max], names = prompt_kernels(directory, tokens, rows_max)
+            slim = any(n.startswith("tf_exl3_prompt_gu") and n.endswith("_32") for n in names)
+            full = any(n.startswith("tf_exl3_prompt_gu") and not n.endswith("_32") for n in names)
+            expected = form or ("slim" if rows_max == 24 else "full")
+            assert (slim, full) == (expected == "slim", expected == "full"), f"{kind}: {form} at {rows_max} rows ran {sorted(names)}"
+    reference = results["full", 256]
+    for key, logits in results.items():
+        assert np.array_equal(logits.view(np.uint32), reference.view(np.uint32)), f"{kind}: {key} differs from full at 256 rows"

@@ -13,10 +13,11 @@
 //!      picks and its own copy of the shared expert, so that the weights come from DRAM, not L2;
 //!      the median of 5 replays, per call; "grouped" with the shared expert on its own launches,
 //!      "merged" with it in the routed experts' launches as the engine runs it;
-//!    - prefill at M = 512, 2048, 4096 rows on both paths, the median of 3: "grouped" (the GEMV,
-//!      items sorted by expert, each decoded tile serving up to 16 of them) and "fused" (the routed
-//!      and shared experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded
-//!      tile serving up to 64 rows, as the engine runs a prompt).
+//!    - prefill at M = 256, 512, 2048, 4096 rows, the median of 3: "grouped" (the GEMV, items
+//!      sorted by expert, each decoded tile serving up to 16 of them), "fused" (the routed and
+//!      shared experts on the tensor-core prompt kernels, cuda/exl3_prompt.zig, each decoded tile
+//!      serving up to 64 rows) and, to 512 rows, "slim" (the same in groups of up to 32 on the
+//!      `_32` kernels); the engine runs a prompt fused or slim by its items per expert.
 //!    Weight bandwidth counts the trellis bytes of the distinct experts a call reads.
 //! 4. Attention of one GLM-4.5-Air layer at contexts of 2k, 8k and 32k tokens (attention_bench.zig).
 //! --mla: MLA attention and the DSA indexer (mla_bench.zig); --next: GLM-5.3-Flash's KDA layer and
@@ -98,7 +99,7 @@ fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, quick: bool, only: Only, diag: *D
         var layer = try Layer.init(gpa, gpu, config.bits, config.codebook, diag);
         defer layer.deinit(gpu);
         for ([_]usize{ 1, 4, 16 }) |m| try layer.decode(gpa, gpu, &module, m, copy_gbs, diag);
-        for ([_]usize{ 512, 2048, 4096 }) |m| {
+        for ([_]usize{ 256, 512, 2048, 4096 }) |m| {
             if (quick and m > 512) break;
             try layer.prefill(gpa, gpu, &module, &prompt_module, m, copy_gbs, diag);
         }
@@ -396,13 +397,13 @@ const Layer = struct {
 
     /// One call's launches: the MoE block of the engine minus the router (parts/moe_cuda.zig runMoe).
     /// Rows go in chunks of at most 2048 (a launch's items are its grid's z extent).
-    fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize, fused: ?*const P.Module) !void {
+    fn enqueueCall(layer: *const Layer, k: K.Kernels, b: *const Buffers, m: usize, variant: usize, call: usize, fused: ?*const P.Module, form: ?P.MlpForm) !void {
         const f = @sizeOf(f32);
         const items = m * top_k;
         const entry = @sizeOf(K.Exl3Layer);
         var row: usize = 0;
         if (fused) |module| {
-            const launcher: P.Launcher = .{ .glm = k, .module = module };
+            const launcher: P.Launcher = .{ .glm = k, .module = module, .mlp_form = form };
             const shape: P.Shape = .{ .k_p = hidden, .n_p = intermediate, .bits2 = 2 * layer.bits, .codebook = layer.codebook };
             const down_shape: P.Shape = .{ .k_p = intermediate, .n_p = hidden, .bits2 = 2 * layer.bits, .codebook = layer.codebook };
             try launcher.runMlp(b.prompt.?, .{
@@ -515,7 +516,7 @@ const Layer = struct {
         for ([_]bool{ false, true }) |merged| {
             try cuda.gpu.Graph.beginCapture(gpu, diag);
             for (0..calls) |call| {
-                const queued = if (merged) layer.enqueueMerged(k, &made[0], m, call, call) else layer.enqueueCall(k, &made[0], m, call, call, null);
+                const queued = if (merged) layer.enqueueMerged(k, &made[0], m, call, call) else layer.enqueueCall(k, &made[0], m, call, call, null, null);
                 queued catch |err| {
                     _ = cuda.gpu.Graph.endCapture(gpu, false, diag) catch {};
                     return err;
@@ -534,16 +535,25 @@ const Layer = struct {
         const k: K.Kernels = .{ .gpu = gpu, .module = module, .diag = diag };
         var timer = try cuda.gpu.Timer.create(gpu, diag);
         defer timer.destroy(gpu);
-        for ([_]?*const P.Module{ null, prompt_module }) |fused| {
-            try layer.enqueueCall(k, &made[0], m, 0, 0, fused); // warm-up
+        // The grouped GEMV, then the prompt kernels in each MLP form (the same bits; the engine
+        // picks by the items per entry, exl3_prompt.MlpForm).
+        const paths = [_]struct { name: []const u8, fused: ?*const P.Module, form: ?P.MlpForm }{
+            .{ .name = "grouped", .fused = null, .form = null },
+            .{ .name = "fused", .fused = prompt_module, .form = .full },
+            .{ .name = "slim", .fused = prompt_module, .form = .slim },
+        };
+        for (paths) |path| {
+            const fused = path.fused;
+            if (fused != null and path.form == .slim and m > 512) continue;
+            try layer.enqueueCall(k, &made[0], m, 0, 0, fused, path.form); // warm-up
             var times: [3]f64 = undefined;
             for (&times, 0..) |*t, i| {
                 try timer.begin(gpu, diag);
-                try layer.enqueueCall(k, &made[0], m, 0, i + 1, fused);
+                try layer.enqueueCall(k, &made[0], m, 0, i + 1, fused, path.form);
                 t.* = @as(f64, try timer.end(gpu, diag)) * 1e3;
             }
             std.mem.sort(f64, &times, {}, std.sort.asc(f64));
-            layer.report(if (fused == null) "grouped" else "fused", m, times[1], made[1], copy_gbs);
+            layer.report(path.name, m, times[1], made[1], copy_gbs);
         }
     }
 };

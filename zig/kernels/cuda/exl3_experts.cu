@@ -28,7 +28,6 @@ namespace {
 
 using tf::hadamard128;
 using tf::kEpiloguePitch;
-using tf::kEpilogueRows;
 using tf::kPromptRows;
 using tf::kPromptWarps;
 
@@ -69,7 +68,7 @@ __device__ __forceinline__ const uint32_t* tile_column(const Exl3Layer& layer, i
     return reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(column) * 4 * bits2;
 }
 
-template <int K, int CB>
+template <int K, int CB, int kM>
 __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
                                         const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,
                                         unsigned char* shared) {
@@ -81,25 +80,27 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
     const int first = g.first[group];
     const int rows = g.count[group];
     const int layer = g.layer[group];
-    const Exl3Layer gate = table[layer];
-    const Exl3Layer up = table[layer + up_offset];
     const int column = chunk * kPromptWarps + warp;
-    const uint32_t* const ring[2] = {tile_column(gate, column, 2 * K), tile_column(up, column, 2 * K)};
-    tf::PromptAcc acc;
-    tf::prompt_matmul<K, CB, 2>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, 0, in.k_p / tf::kPromptSlab,
-                                reinterpret_cast<half*>(shared), acc);
+    const uint32_t* const ring[2] = {tile_column(table[layer], column, 2 * K), tile_column(table[layer + up_offset], column, 2 * K)};
+    tf::PromptAccOf<2, kM> acc;
+    tf::prompt_matmul<K, CB, 2, 2, kM>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, 0, in.k_p / tf::kPromptSlab,
+                                       reinterpret_cast<half*>(shared), acc);
 
+    // The epilogue's scales are read after the products: no registers held across them.
+    const uint16_t* gate_svh = table[layer].svh;
+    const uint16_t* up_svh = table[layer + up_offset].svh;
     const uint16_t* down_suh = down_table[layer].suh;
+    constexpr int kPass = tf::epilogue_rows(kM);
     float* staged = reinterpret_cast<float*>(shared);
-    for (int pass = 0; pass * kEpilogueRows < rows; ++pass) {
-        tf::stage_accumulators(acc, pass, staged);
+    for (int pass = 0; pass * kPass < rows; ++pass) {
+        tf::stage_accumulators<2, kM>(acc, pass, staged);
         __syncthreads();
-        for (int r = warp; r < kEpilogueRows && pass * kEpilogueRows + r < rows; r += kPromptWarps) {
+        for (int r = warp; r < kPass && pass * kPass + r < rows; r += kPromptWarps) {
             float gv[4], uv[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 gv[i] = staged[r * kEpiloguePitch + 4 * lane + i];
-                uv[i] = staged[(kEpilogueRows + r) * kEpiloguePitch + 4 * lane + i];
+                uv[i] = staged[(kPass + r) * kEpiloguePitch + 4 * lane + i];
             }
             hadamard128(gv);
             hadamard128(uv);
@@ -107,13 +108,13 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int n = chunk * 128 + 4 * lane + i;
-                const float gate_value = gv[i] * half_bits(gate.svh, n);
-                const float up_value = uv[i] * half_bits(up.svh, n);
+                const float gate_value = gv[i] * half_bits(gate_svh, n);
+                const float up_value = uv[i] * half_bits(up_svh, n);
                 // Columns past gate's out_features are padding: down reads zeros there.
                 h[i] = n < width ? tf::swiglu(gate_value, up_value) * half_bits(down_suh, n) : 0.f;
             }
             hadamard128(h);
-            store_planes(out, 0, first + pass * kEpilogueRows + r, chunk * 128 + 4 * lane, h);
+            store_planes(out, 0, first + pass * kPass + r, chunk * 128 + 4 * lane, h);
         }
         __syncthreads();
     }
@@ -126,7 +127,7 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
 // block z of gridDim.z takes the z-th of as many equal k ranges and writes its rotated, scaled
 // partial to y[(z·slots + item)·out_features + n], which tf_exl3_prompt_deep_sum adds in z order
 // with the bias: a narrow weight's few column blocks times the splits fill the GPU.
-template <int K, int CB, int kCols = 2, bool kDeep = false>
+template <int K, int CB, int kCols = 2, bool kDeep = false, int kM = tf::kPromptM>
 __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
                                           int n_p, int out_features, unsigned char* shared) {
     const int group = blockIdx.y;
@@ -141,28 +142,29 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
     const uint32_t* ring[kCols];
     ring[0] = tile_column(layer, column, 2 * K);
     if constexpr (kCols == 2) ring[1] = second ? tile_column(layer, column + kPromptWarps, 2 * K) : nullptr;
-    tf::PromptAccOf<kCols> acc;
+    tf::PromptAccOf<kCols, kM> acc;
     const int slabs = in.k_p / tf::kPromptSlab;
     const int split = kDeep ? static_cast<int>(blockIdx.z) : 0;
     const int splits = kDeep ? static_cast<int>(gridDim.z) : 1;
-    tf::prompt_matmul<K, CB, 1, kCols>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, split * slabs / splits,
+    tf::prompt_matmul<K, CB, 1, kCols, kM>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, split * slabs / splits,
                                        (split + 1) * slabs / splits, reinterpret_cast<half*>(shared), acc);
     if constexpr (kDeep) y += static_cast<size_t>(split) * in.slots * out_features;
 
+    constexpr int kPass = tf::epilogue_rows(kM);
     float* staged = reinterpret_cast<float*>(shared);
     const int halves = second ? 2 : 1;
-    for (int pass = 0; pass * kEpilogueRows < rows; ++pass) {
-        tf::stage_accumulators<kCols>(acc, pass, staged);
+    for (int pass = 0; pass * kPass < rows; ++pass) {
+        tf::stage_accumulators<kCols, kM>(acc, pass, staged);
         __syncthreads();
-        for (int task = warp; task < kEpilogueRows * halves; task += kPromptWarps) {
+        for (int task = warp; task < kPass * halves; task += kPromptWarps) {
             const int r = task / halves;
             const int c = task % halves;
-            if (pass * kEpilogueRows + r >= rows) break;
+            if (pass * kPass + r >= rows) break;
             float v[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = staged[(c * kEpilogueRows + r) * kEpiloguePitch + 4 * lane + i];
+            for (int i = 0; i < 4; ++i) v[i] = staged[(c * kPass + r) * kEpiloguePitch + 4 * lane + i];
             hadamard128(v);
-            const int item = g.sorted_items[first + pass * kEpilogueRows + r];
+            const int item = g.sorted_items[first + pass * kPass + r];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int n = blockIdx.x * 128 * kCols + c * 128 + 4 * lane + i;
@@ -174,6 +176,30 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
         }
         __syncthreads();
     }
+}
+
+// The slim entries (tf_exl3_prompt_{gu,down}{,3,2}_32) for groups of up to 32 rows: half the
+// accumulators and half the shared memory, three blocks per SM where the 64-row kernels fit two
+// (on sm_90 and on the GB10's 100 KB SMs alike). A routed expert of a short
+// chunk holds ~16 rows (GLM-4.5-Air, 256 rows x 9 slots over 129 entries), so its decoded tiles
+// serve a quarter of the 64-row kernels' rows, and those kernels wait on the decode's chains with
+// 4 warps a scheduler (docs/measurements.md, 2026-11-29).
+template <int K, int CB>
+__device__ __forceinline__ void gu_body_64(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
+                                           const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,
+                                           unsigned char* shared) {
+    gu_body<K, CB, 4>(table, up_offset, down_table, g, in, out, n_p, width, shared);
+}
+template <int K, int CB>
+__device__ __forceinline__ void gu_body_32(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
+                                           const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,
+                                           unsigned char* shared) {
+    gu_body<K, CB, 2>(table, up_offset, down_table, g, in, out, n_p, width, shared);
+}
+template <int K, int CB>
+__device__ __forceinline__ void down_body_32(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
+                                             int n_p, int out_features, unsigned char* shared) {
+    down_body<K, CB, 2, false, 2>(table, g, in, y, n_p, out_features, shared);
 }
 
 // tf_exl3_prompt_narrow{,3,2}: down_body with one tile column a warp.
@@ -242,22 +268,22 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
 
 // Block (128 intermediate columns, group). in: k_p = hidden; out: n_p = intermediate padded,
 // width = gate's out_features.
-#define TF_PROMPT_GU(NAME, K)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                                  \
+#define TF_PROMPT_GU(NAME, K, BODY, ROWS, BLOCKS)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256, BLOCKS) NAME(                                                             \
         const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,                           \
         const int* __restrict__ sorted_items, const int* __restrict__ group_first, const int* __restrict__ group_count,         \
         const int* __restrict__ group_layer, const int* __restrict__ group_total, half* rotated, half* down_in, int slots,      \
         int k_p, int n_p, int width, int codebook) {                                                                            \
         tf_wait_prior_grid();                                                                                                   \
-        __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2)];                                              \
+        __shared__ __align__(16) unsigned char shared[tf::prompt_shared_bytes(2, ROWS)];                                        \
         const Groups g{sorted_items, group_first, group_count, group_layer, group_total};                                       \
-        TF_PROMPT_SWITCH(gu_body, K, table, up_offset, down_table, g, tf::RotatedPlanes{rotated, slots, k_p},                  \
+        TF_PROMPT_SWITCH(BODY, K, table, up_offset, down_table, g, tf::RotatedPlanes{rotated, slots, k_p},                  \
                          tf::RotatedPlanes{down_in, slots, n_p}, n_p, width, shared)                                            \
     }
 
 // Block (256 output columns, group): down_body; or (128 output columns, group): narrow_body.
-#define TF_PROMPT_OUT(NAME, K, BODY, SHARED)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                                  \
+#define TF_PROMPT_OUT(NAME, K, BODY, SHARED, BLOCKS)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, BLOCKS) NAME(                                                             \
         const Exl3Layer* __restrict__ table, const int* __restrict__ sorted_items, const int* __restrict__ group_first,         \
         const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,          \
         half* rotated, float* __restrict__ y, int slots, int k_p, int n_p, int out_features, int codebook) {                    \
@@ -267,18 +293,24 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
         TF_PROMPT_SWITCH(BODY, K, table, g, tf::RotatedPlanes{rotated, slots, k_p}, y, n_p, out_features, shared)              \
     }
 
-TF_PROMPT_GU(tf_exl3_prompt_gu, 4)
-TF_PROMPT_GU(tf_exl3_prompt_gu3, 3)
-TF_PROMPT_GU(tf_exl3_prompt_gu2, 2)
-TF_PROMPT_OUT(tf_exl3_prompt_down, 4, down_body, tf::prompt_shared_bytes(2))
-TF_PROMPT_OUT(tf_exl3_prompt_down3, 3, down_body, tf::prompt_shared_bytes(2))
-TF_PROMPT_OUT(tf_exl3_prompt_down2, 2, down_body, tf::prompt_shared_bytes(2))
-TF_PROMPT_OUT(tf_exl3_prompt_narrow, 4, narrow_body, tf::prompt_shared_bytes(1))
-TF_PROMPT_OUT(tf_exl3_prompt_narrow3, 3, narrow_body, tf::prompt_shared_bytes(1))
-TF_PROMPT_OUT(tf_exl3_prompt_narrow2, 2, narrow_body, tf::prompt_shared_bytes(1))
-TF_PROMPT_OUT(tf_exl3_prompt_deep, 4, deep_body, tf::prompt_shared_bytes(1))
-TF_PROMPT_OUT(tf_exl3_prompt_deep3, 3, deep_body, tf::prompt_shared_bytes(1))
-TF_PROMPT_OUT(tf_exl3_prompt_deep2, 2, deep_body, tf::prompt_shared_bytes(1))
+TF_PROMPT_GU(tf_exl3_prompt_gu, 4, gu_body_64, 64, 2)
+TF_PROMPT_GU(tf_exl3_prompt_gu3, 3, gu_body_64, 64, 2)
+TF_PROMPT_GU(tf_exl3_prompt_gu2, 2, gu_body_64, 64, 2)
+TF_PROMPT_GU(tf_exl3_prompt_gu_32, 4, gu_body_32, 32, 3)
+TF_PROMPT_GU(tf_exl3_prompt_gu3_32, 3, gu_body_32, 32, 3)
+TF_PROMPT_GU(tf_exl3_prompt_gu2_32, 2, gu_body_32, 32, 3)
+TF_PROMPT_OUT(tf_exl3_prompt_down, 4, down_body, tf::prompt_shared_bytes(2), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_down3, 3, down_body, tf::prompt_shared_bytes(2), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_down2, 2, down_body, tf::prompt_shared_bytes(2), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_down_32, 4, down_body_32, tf::prompt_shared_bytes(2, 32), 3)
+TF_PROMPT_OUT(tf_exl3_prompt_down3_32, 3, down_body_32, tf::prompt_shared_bytes(2, 32), 3)
+TF_PROMPT_OUT(tf_exl3_prompt_down2_32, 2, down_body_32, tf::prompt_shared_bytes(2, 32), 3)
+TF_PROMPT_OUT(tf_exl3_prompt_narrow, 4, narrow_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_narrow3, 3, narrow_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_narrow2, 2, narrow_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_deep, 4, deep_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_deep3, 3, deep_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_deep2, 2, deep_body, tf::prompt_shared_bytes(1), 2)
 
 // After tf_exl3_prompt_deep{,3,2}: y[item] = the splits' partials added in split order, plus the
 // bias (table entry 0's: a plain linear's). A block per (256 columns, slot in use).

@@ -10,8 +10,10 @@
 // shared memory and are read by ldmatrix, and each product is accumulated in fp32 as hi·w, then lo·w. The weights are exact in fp16, so the
 // only rounding beyond the GEMV's is the tensor core's fp32 accumulation.
 //
-// The tile settings (64 rows, 32 input channels per stage, two tile columns per warp) are constants:
-// a row's outputs depend on the shape alone, never on which rows share its group.
+// The tile settings (32 input channels per stage, one or two tile columns per warp) are constants;
+// a group holds up to 64 rows (kM = 4 row tiles) or, in the experts' slim kernels, up to 32 (kM = 2:
+// half the accumulators, so more warps per SM). Every output is the same chain whatever the group's
+// size, so a row's outputs depend on the shape alone, never on which rows share its group.
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -28,13 +30,16 @@ constexpr int kPromptSlab = 32;            // input channels per pipeline stage 
 constexpr int kSlabPitch = kPromptSlab + 8;  // halves per shared row: 80 bytes, so the 8 rows of an
                                              // ldmatrix phase land in distinct banks
 constexpr int kEpiloguePitch = 128 + 4;      // floats per row of the epilogue's staging
-constexpr int kEpilogueRows = 32;            // rows staged per epilogue pass
 
-// Shared bytes of a prompt kernel with `ops` input operands: the pipeline's two stages, reused by
-// the epilogue's staging of two 128-column halves of 32 rows.
-__host__ __device__ constexpr int prompt_shared_bytes(int ops) {
-    const int stages = 2 * ops * 2 * kPromptRows * kSlabPitch * 2;
-    const int epilogue = 2 * kEpilogueRows * kEpiloguePitch * 4;
+// Rows staged per epilogue pass for groups of up to 16·kM rows: half a group, so that the staging
+// fits in the pipeline's stages (the slim kernels' 20 KB let three blocks share a GB10's SM).
+__host__ __device__ constexpr int epilogue_rows(int m_tiles) { return 8 * m_tiles; }
+
+// Shared bytes of a prompt kernel with `ops` input operands and groups of up to `rows`: the
+// pipeline's two stages, reused by the epilogue's staging of two 128-column halves of rows / 2.
+__host__ __device__ constexpr int prompt_shared_bytes(int ops, int rows = kPromptRows) {
+    const int stages = 2 * ops * 2 * rows * kSlabPitch * 2;
+    const int epilogue = 2 * epilogue_rows(rows / 16) * kEpiloguePitch * 4;
     return stages > epilogue ? stages : epilogue;
 }
 
@@ -49,32 +54,34 @@ struct RotatedPlanes {
 };
 
 // acc[m][c][n][i]: row 16m + lane/4 (+8 for i >= 2), column 16·(tile column c) + 8n + 2(lane%4) + i%2.
-template <int kCols>
-using PromptAccOf = float[kPromptM][kCols][2][4];
-using PromptAcc = PromptAccOf<2>;
+template <int kCols, int kM = kPromptM>
+using PromptAccOf = float[kM][kCols][2][4];
 
 // One warp's share of a group: tile columns `ring[0]` and `ring[1]` (ring[1] null: the block's
 // second half is past the layer's columns), each read against input operand `op_of[c]`. The group's
 // `rows` inputs start at slot `first` of `in`; `stage` is the block's shared pipeline. kCols tile
 // columns a warp (1 or 2): every output is the same chain in the same order (k ascending, hi then
-// lo per tile) either way, so both give the same bits.
-template <int K, int CB, int kOps, int kCols = 2>
+// lo per tile) either way, so both give the same bits; and likewise kM row tiles (rows <= 16·kM).
+template <int K, int CB, int kOps, int kCols = 2, int kM = kPromptM>
 __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCols], size_t row_stride, const RotatedPlanes& in, int first,
-                                              int rows, int slab_begin, int slab_end, half* stage, PromptAccOf<kCols>& acc) {
+                                              int rows, int slab_begin, int slab_end, half* stage, PromptAccOf<kCols, kM>& acc) {
     static_assert(K >= 1 && K <= 4, "one ring word per lane");
     static_assert(kCols == 1 || kCols == 2, "one or two tile columns a warp");
+    static_assert(kM >= 1 && kM <= kPromptM, "up to 64 rows a group");
+    constexpr int kStageRows = 16 * kM;
     constexpr int kRingWords = 8 * K;
     const int lane = threadIdx.x % 32;
     const int slabs = slab_end;  // the block's slabs of kPromptSlab channels: slab_begin .. slab_end - 1
     const LaneWindow<K> window(lane);
     const bool second = kCols == 2 && ring[kCols - 1] != nullptr;
     const auto stage_at = [&](int s, int op, int part, int row, int k) {
-        return stage + (((s * kOps + op) * 2 + part) * kPromptRows + row) * kSlabPitch + k;
+        return stage + (((s * kOps + op) * 2 + part) * kStageRows + row) * kSlabPitch + k;
     };
     const auto issue = [&](int slab) {
         const int row = threadIdx.x / 4;  // 256 threads: 64 rows x 4 chunks of 8 halves
         const int chunk = threadIdx.x % 4;
         const bool valid = row < rows;
+        if (kStageRows == kPromptRows || row < kStageRows)
 #pragma unroll
         for (int op = 0; op < kOps; ++op)
 #pragma unroll
@@ -104,7 +111,7 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCol
     };
 
 #pragma unroll
-    for (int m = 0; m < kPromptM; ++m)
+    for (int m = 0; m < kM; ++m)
 #pragma unroll
         for (int c = 0; c < kCols; ++c)
 #pragma unroll
@@ -141,7 +148,7 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCol
                 b[c][1][1] = pack_halves(w[6], w[7]);
             }
 #pragma unroll
-            for (int m = 0; m < kPromptM; ++m) {
+            for (int m = 0; m < kM; ++m) {
                 if (16 * m >= rows) break;
                 uint32_t a[kOps][2][4];
 #pragma unroll
@@ -171,24 +178,27 @@ __device__ __forceinline__ void prompt_matmul(const uint32_t* const (&ring)[kCol
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-// Stages rows 32·pass .. 32·pass + 31 of the accumulators as out[c][row][column] (column = 16·warp +
-// 8n + ...), for the epilogue's row-wise 128-point rotations. The caller syncs around it.
-template <int kCols = 2>
-__device__ __forceinline__ void stage_accumulators(const PromptAccOf<kCols>& acc, int pass, float* out) {
+// Stages rows R·pass .. R·pass + R - 1 (R = epilogue_rows(kM)) of the accumulators as
+// out[c][row][column] (column = 16·warp + 8n + ...), for the epilogue's row-wise 128-point
+// rotations. The caller syncs around it.
+template <int kCols, int kM>
+__device__ __forceinline__ void stage_accumulators(const PromptAccOf<kCols, kM>& acc, int pass, float* out) {
+    constexpr int kRows = epilogue_rows(kM);
+    constexpr int kPassM = kRows / 16;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int m = 0; m < kPromptM; ++m) {
-        if (m / 2 != pass) continue;
+    for (int m = 0; m < kM; ++m) {
+        if (m / kPassM != pass) continue;
 #pragma unroll
         for (int c = 0; c < kCols; ++c)
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int row = (m % 2) * 16 + lane / 4 + 8 * (i / 2);
+                    const int row = (m % kPassM) * 16 + lane / 4 + 8 * (i / 2);
                     const int column = 16 * warp + 8 * n + 2 * (lane % 4) + i % 2;
-                    out[(c * kEpilogueRows + row) * kEpiloguePitch + column] = acc[m][c][n][i];
+                    out[(c * kRows + row) * kEpiloguePitch + column] = acc[m][c][n][i];
                 }
     }
 }

@@ -15,10 +15,11 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const Module = gpu_mod.Module(&.{
-    "tf_exl3_prompt_rotate",  "tf_exl3_prompt_gu",       "tf_exl3_prompt_gu3",   "tf_exl3_prompt_gu2",
-    "tf_exl3_prompt_down",    "tf_exl3_prompt_down3",    "tf_exl3_prompt_down2", "tf_exl3_prompt_narrow",
-    "tf_exl3_prompt_narrow3", "tf_exl3_prompt_narrow2",  "tf_exl3_prompt_deep",  "tf_exl3_prompt_deep3",
-    "tf_exl3_prompt_deep2",   "tf_exl3_prompt_deep_sum",
+    "tf_exl3_prompt_rotate",  "tf_exl3_prompt_gu",       "tf_exl3_prompt_gu3",      "tf_exl3_prompt_gu2",
+    "tf_exl3_prompt_down",    "tf_exl3_prompt_down3",    "tf_exl3_prompt_down2",    "tf_exl3_prompt_narrow",
+    "tf_exl3_prompt_narrow3", "tf_exl3_prompt_narrow2",  "tf_exl3_prompt_deep",     "tf_exl3_prompt_deep3",
+    "tf_exl3_prompt_deep2",   "tf_exl3_prompt_deep_sum", "tf_exl3_prompt_gu_32",    "tf_exl3_prompt_gu3_32",
+    "tf_exl3_prompt_gu2_32",  "tf_exl3_prompt_down_32",  "tf_exl3_prompt_down3_32", "tf_exl3_prompt_down2_32",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -27,6 +28,33 @@ pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
 
 /// Items per group (kPromptRows in exl3_prompt.cuh): one decoded tile serves up to this many.
 pub const group_rows = 64;
+
+/// How an MLP's prompt items run (both give the same bits: every output the same chain in the same
+/// order, whatever its group's size): `full`, groups of up to 64 items on the kernels with 64 rows
+/// of accumulators; `slim`, groups of up to 32 on the `_32` kernels, whose half the accumulators
+/// fit three blocks per SM where the full ones fit two. The routed experts of a short chunk hold
+/// few items each (GLM-4.5-Air at 256 rows: ~18 per entry), so the full kernels' decoded tiles
+/// serve a quarter of their rows and wait on the decode with 4 warps a scheduler; an entry of more
+/// than 32 items costs the slim kernels a second decode of its tiles. TF_CUDA_PROMPT_EXPERTS=
+/// full|slim forces one (tests, benchmarks).
+pub const MlpForm = enum {
+    full,
+    slim,
+
+    pub fn rows(form: MlpForm) usize {
+        return if (form == .full) group_rows else 32;
+    }
+
+    /// Slim while the items average at most 24 an entry (so that few entries take two groups).
+    pub fn choose(items: usize, layers: usize) MlpForm {
+        return if (items <= 24 * layers) .slim else .full;
+    }
+
+    pub fn forced() ?MlpForm {
+        const text = std.c.getenv("TF_CUDA_PROMPT_EXPERTS") orelse return null;
+        return std.meta.stringToEnum(MlpForm, std.mem.span(text));
+    }
+};
 
 /// How a plain linear's prompt rows run; both give the same bits (every output the same chain in
 /// the same order), so the choice may follow the rows: `wide`, down's kernel, a block per 256
@@ -143,7 +171,7 @@ pub const Need = struct {
 
     fn common(n: *Need, items: usize, layers: usize) void {
         n.slots = @max(n.slots, items);
-        n.groups = @max(n.groups, groupsMax(items, layers));
+        n.groups = @max(n.groups, groupsMax(items, layers, MlpForm.slim.rows()));
     }
 
     /// Allocates with `alloc(context, bytes)`.
@@ -165,8 +193,9 @@ pub const Need = struct {
     }
 };
 
-pub fn groupsMax(slots: usize, layers: usize) usize {
-    return (std.math.divCeil(usize, slots, group_rows) catch unreachable) + layers;
+/// The most groups of up to `rows` items that `slots` items of `layers` entries make.
+pub fn groupsMax(slots: usize, layers: usize, rows: usize) usize {
+    return (std.math.divCeil(usize, slots, rows) catch unreachable) + layers;
 }
 
 /// An MLP over items: item i reads row i / items_per_row of x, and uses table entry
@@ -195,6 +224,8 @@ pub const Launcher = struct {
     linear_form: ?LinearForm = null,
     /// Whether weights that deepSplits splits take the deep launch (false: tf-bench's forms).
     deep: bool = true,
+    /// An MLP's form for every call (MlpForm.forced()), or null: chosen per call.
+    mlp_form: ?MlpForm = null,
 
     fn run(l: Launcher, comptime name: []const u8, grid: [3]u32, args: anytype) Error!void {
         var ptrs: [args.len]*anyopaque = undefined;
@@ -211,8 +242,9 @@ pub const Launcher = struct {
     pub fn runMlp(l: Launcher, s: Scratch, c: Mlp) Error!void {
         std.debug.assert(c.items <= s.slots and eligibleMlp(c.gate, c.gate, c.down_shape, c.width));
         const g = s.grouping;
-        try l.glm.groupItems(c.layer_of_item, c.items, c.items, c.layers, group_rows, g);
-        const groups: u32 = @intCast(groupsMax(c.items, c.layers));
+        const form = l.mlp_form orelse MlpForm.choose(c.items, c.layers);
+        try l.glm.groupItems(c.layer_of_item, c.items, c.items, c.layers, form.rows(), g);
+        const groups: u32 = @intCast(groupsMax(c.items, c.layers, form.rows()));
         try l.rotate(s, c.x, 0, c.items_per_row, c.gate_up, 2, c.up_offset, c.layer_of_item, c.items, c.hidden, c.gate.k_p);
         const gu = .{
             c.gate_up, int(c.up_offset), c.down,       g.sorted,        g.first,         g.count,      g.layer,                     g.total,
@@ -222,13 +254,18 @@ pub const Launcher = struct {
         // At most every entry the items name, gate's and up's (as the GEMV states it).
         const entries = @min(c.items, c.layers);
         l.glm.gpu.noteReads(entries * 2 * c.gate.entryBytes());
-        switch (c.gate.bits2) {
-            8 => try l.run("tf_exl3_prompt_gu", gu_grid, gu),
-            6 => try l.run("tf_exl3_prompt_gu3", gu_grid, gu),
-            else => try l.run("tf_exl3_prompt_gu2", gu_grid, gu),
+        switch (form) {
+            inline else => |f| {
+                const suffix = if (f == .slim) "_32" else "";
+                switch (c.gate.bits2) {
+                    8 => try l.run("tf_exl3_prompt_gu" ++ suffix, gu_grid, gu),
+                    6 => try l.run("tf_exl3_prompt_gu3" ++ suffix, gu_grid, gu),
+                    else => try l.run("tf_exl3_prompt_gu2" ++ suffix, gu_grid, gu),
+                }
+            },
         }
         l.glm.gpu.noteReads(entries * c.down_shape.entryBytes());
-        try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups);
+        try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups, form);
     }
 
     /// A plain linear over the items: sort, rotate, then down's kernel or the narrow one (with
@@ -241,8 +278,8 @@ pub const Launcher = struct {
         try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, g);
         try l.rotate(s, x, 0, items_per_row, table, 1, 0, layer_of_item, items, in_features, shape.k_p);
         l.glm.gpu.noteReads(shape.entryBytes());
-        const groups: u32 = @intCast(groupsMax(items, 1));
-        if (splits == 1 and form == .wide) return l.down(s, s.rotated, table, shape, out_features, y, items, groups);
+        const groups: u32 = @intCast(groupsMax(items, 1, group_rows));
+        if (splits == 1 and form == .wide) return l.down(s, s.rotated, table, shape, out_features, y, items, groups, .full);
         const target = if (splits > 1) s.partials else y;
         const args = .{
             table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, s.rotated, target,
@@ -272,20 +309,35 @@ pub const Launcher = struct {
         try l.run("tf_exl3_prompt_rotate", .{ @intCast(std.math.divCeil(usize, k_p / 128, 8) catch unreachable), @intCast(items), 1 }, args);
     }
 
-    fn down(l: Launcher, s: Scratch, input: Ptr, table: Ptr, shape: Shape, out_features: usize, y: Ptr, items: usize, groups: u32) Error!void {
+    fn down(l: Launcher, s: Scratch, input: Ptr, table: Ptr, shape: Shape, out_features: usize, y: Ptr, items: usize, groups: u32, form: MlpForm) Error!void {
         const g = s.grouping;
         const args = .{
             table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, input, y,
             int(items), int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
         };
         const grid: [3]u32 = .{ @intCast(std.math.divCeil(usize, shape.n_p, 256) catch unreachable), groups, 1 };
-        switch (shape.bits2) {
-            8 => try l.run("tf_exl3_prompt_down", grid, args),
-            6 => try l.run("tf_exl3_prompt_down3", grid, args),
-            else => try l.run("tf_exl3_prompt_down2", grid, args),
+        switch (form) {
+            inline else => |f| {
+                const suffix = if (f == .slim) "_32" else "";
+                switch (shape.bits2) {
+                    8 => try l.run("tf_exl3_prompt_down" ++ suffix, grid, args),
+                    6 => try l.run("tf_exl3_prompt_down3" ++ suffix, grid, args),
+                    else => try l.run("tf_exl3_prompt_down2" ++ suffix, grid, args),
+                }
+            },
         }
     }
 };
+
+test "an MLP's form: slim while its entries average at most 24 items" {
+    const t = std.testing;
+    try t.expectEqual(MlpForm.slim, MlpForm.choose(256 * 9, 129)); // GLM-4.5-Air experts, 256 rows
+    try t.expectEqual(MlpForm.full, MlpForm.choose(512 * 9, 129));
+    try t.expectEqual(MlpForm.full, MlpForm.choose(256, 1)); // a dense MLP
+    try t.expectEqual(MlpForm.slim, MlpForm.choose(20, 1));
+    try t.expectEqual(@as(usize, 4 + 129), groupsMax(256, 129, MlpForm.full.rows()));
+    try t.expectEqual(@as(usize, 8 + 129), groupsMax(256, 129, MlpForm.slim.rows()));
+}
 
 test "a plain linear's form: narrow while wide's blocks leave SMs idle" {
     const t = std.testing;

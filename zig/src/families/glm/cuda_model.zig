@@ -86,6 +86,7 @@ pub const GpuModel = struct {
     prompt_enabled: bool,
     /// TF_CUDA_PROMPT_LINEAR's form for the plain linears' prompt rows, or null: chosen per call.
     prompt_linear: ?P.LinearForm,
+    prompt_mlp: ?P.MlpForm,
     /// Unquantized weights on the tensor cores (TF_CUDA_DENSE_MMA=0: a warp per output, f32), and
     /// the most split sums one of their launches leaves in model.acc.
     dense_mma: bool,
@@ -239,6 +240,7 @@ pub const GpuModel = struct {
         model.graphs_enabled = limits.graphs and !core.switches.off("TF_CUDA_GRAPHS");
         model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
         model.prompt_linear = P.LinearForm.forced();
+        model.prompt_mlp = P.MlpForm.forced();
         model.dense_mma = !core.switches.off("TF_CUDA_DENSE_MMA");
         model.dense_partials = 0;
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
