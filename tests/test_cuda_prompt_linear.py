@@ -1,9 +1,10 @@
 """The plain EXL3 linears' prompt rows in each form of the prompt kernels (exl3_prompt.LinearForm:
-wide, down's kernel, two tile columns a warp; narrow, one) give the same bits: every output is the
-same chain in the same order, so the engine may pick the form by the chunk's rows. Checked on whole
-prompts (chunks of 256 and of 320 rows: whole and partial groups of 64) for class A's fixture, the
-latent-attention classes and GLM-5.3-Flash at the GPU kernels' shapes, and the logits stay within
-the f32 tolerance of the CPU."""
+wide, down's kernel, two tile columns a warp; narrow, one; for a weight split over k, the deep
+launch in either form) give the same bits: every output is the same chain in the same order, so
+the engine may pick the form by the chunk's rows. Checked on whole prompts (chunks of 256 and of
+320 rows: whole and partial groups of 64) for class A's fixture, the latent-attention classes and
+GLM-5.3-Flash at the GPU kernels' shapes, and the logits stay within the f32 tolerance of the CPU.
+Likewise the MLPs' forms (exl3_prompt.MlpForm: groups of up to 64 items or, slim, 32)."""
 from __future__ import annotations
 
 import numpy as np

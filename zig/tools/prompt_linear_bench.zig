@@ -2,11 +2,11 @@
 //! attention projections a prefill chunk runs on the prompt kernels (GLM-4.5-Air's q/k/o,
 //! GLM-4.7-Flash's q_b/o, GLM-5.3-Flash's fused KDA qkv and its o_proj; 3 bits, MUL1) at 64, 256
 //! and 1024 rows, in each of exl3_prompt.LinearForm's forms and, for a weight that
-//! exl3_prompt.deepSplits splits over k, the deep launch (*: the one the engine chooses):
+//! exl3_prompt.deepSplits splits over k, the deep launch in both (*: the one the engine chooses):
 //! the sort, rotate and matmul launches as the engine runs them, each linear laid out in enough
 //! copies that a recorded graph's calls read DRAM. Every form's outputs are compared bit for bit
 //! with the wide form's (they compute the same chains); the deep launch's (other chains) by their
-//! relative L2 against wide's. Reported: us per call, weight MB and their
+//! relative L2 against wide's, and its wide form's bit for bit with its narrow one's. Reported: us per call, weight MB and their
 //! GB/s as % of copy bandwidth (the weight is read once per call; each form decodes it once per
 //! group of rows, so this is a decode rate, not a byte count).
 const std = @import("std");
@@ -90,19 +90,32 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prom
     defer gpa.free(wide);
     const other = try gpa.alloc(f32, m * n_p);
     defer gpa.free(other);
+    const deep = try gpa.alloc(f32, m * n_p);
+    defer gpa.free(deep);
     const splits = P.deepSplits(k_p, n_p);
-    const chosen: Form = if (splits > 1) .deep else switch (P.LinearForm.choose(n_p, m, gpu.multiprocessors)) {
-        .wide => .wide,
-        .narrow => .narrow,
+    const chosen: Form = switch (P.LinearForm.choose(n_p, m, splits, gpu.multiprocessors)) {
+        .wide => if (splits > 1) .deepw else .wide,
+        .narrow => if (splits > 1) .deep else .narrow,
     };
-    for ([_]Form{ .wide, .narrow, .deep }) |form| {
-        if (form == .deep and splits == 1) continue;
-        const launcher: P.Launcher = .{ .glm = k, .module = prompt_module, .linear_form = if (form == .wide) .wide else .narrow, .deep = form == .deep };
+    for ([_]Form{ .wide, .narrow, .deep, .deepw }) |form| {
+        const split = form == .deep or form == .deepw;
+        if (split and splits == 1) continue;
+        const launcher: P.Launcher = .{ .glm = k, .module = prompt_module, .linear_form = if (form == .wide or form == .deepw) .wide else .narrow, .deep = split };
         try gpu.zero(y, m * n_p * 4, diag);
         try launcher.runLinear(scratch, x, m, 1, rows_table, table, prompt_shape, k_p, n_p, y);
-        try gpu.download(std.mem.sliceAsBytes(if (form == .wide) wide else other), y, diag);
-        const same = form == .wide or std.mem.eql(u32, @ptrCast(wide), @ptrCast(other));
-        const agree = if (form == .deep) relativeL2(other, wide) else 0;
+        const out = switch (form) {
+            .wide => wide,
+            .deep => deep,
+            else => other,
+        };
+        try gpu.download(std.mem.sliceAsBytes(out), y, diag);
+        // The two deep forms are the same chains (deepw against deep); unsplit, against wide.
+        const same = switch (form) {
+            .wide, .deep => true,
+            .narrow => std.mem.eql(u32, @ptrCast(wide), @ptrCast(other)),
+            .deepw => std.mem.eql(u32, @ptrCast(deep), @ptrCast(other)),
+        };
+        const agree = if (form == .deep) relativeL2(deep, wide) else 0;
 
         try cuda.gpu.Graph.beginCapture(gpu, diag);
         for (0..calls) |call| {
@@ -120,11 +133,13 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prom
             .wide => "wide*",
             .narrow => "narrow*",
             .deep => "deep*",
+            .deepw => "deepw*",
         } else @tagName(form);
         const blocks = switch (form) {
             .wide => P.LinearForm.wide.blocks(n_p, m),
             .narrow => P.LinearForm.narrow.blocks(n_p, m),
             .deep => P.LinearForm.narrow.blocks(n_p, m) * splits,
+            .deepw => P.LinearForm.wide.blocks(n_p, m) * splits,
         };
         // The deep launch's k splits make other chains: its outputs against wide's as a relative L2.
         var verdict: [16]u8 = undefined;
@@ -133,8 +148,9 @@ fn measure(gpa: std.mem.Allocator, gpu: *cuda.Gpu, module: *const K.Module, prom
     }
 }
 
-/// The plain forms (LinearForm) and the deep launch (k splits, exl3_prompt.deepSplits).
-const Form = enum { wide, narrow, deep };
+/// The plain forms (LinearForm) and the deep launch (k splits, exl3_prompt.deepSplits) in each:
+/// deep (one tile column a warp) and deepw (two).
+const Form = enum { wide, narrow, deep, deepw };
 
 fn relativeL2(a: []const f32, b: []const f32) f64 {
     var diff: f64 = 0;

@@ -12,9 +12,10 @@
 //                           tf_moe_combine, in slot order)
 //
 // A plain linear is the rotate launch and the down launch, or tf_exl3_prompt_narrow{,3,2} (one
-// tile column a warp: twice the blocks, the same bits) where down's blocks would not fill the GPU. The number is the trellis rate K (none:
-// 4 bits); the codebook is a run-time switch around the whole body. Host side:
-// zig/src/cuda/exl3_prompt.zig.
+// tile column a warp: twice the blocks, the same bits) where down's blocks would not fill the GPU;
+// a weight of few columns, tf_exl3_prompt_deep{,3,2}{,w} over k ranges and their sum. The number
+// is the trellis rate K (none: 4 bits); the codebook is a run-time switch around the whole body.
+// Host side: zig/src/cuda/exl3_prompt.zig.
 #include <cuda_fp16.h>
 #include "grid_dependency.cuh"
 #include <stdint.h>
@@ -215,6 +216,14 @@ __device__ __forceinline__ void deep_body(const Exl3Layer* __restrict__ table, c
                                           int n_p, int out_features, unsigned char* shared) {
     down_body<K, CB, 1, true>(table, g, in, y, n_p, out_features, shared);
 }
+
+// tf_exl3_prompt_deep{,3,2}w: the same k ranges with two tile columns a warp (down's form), for a
+// split weight's long chunks: the same chains, so the same bits as deep_body.
+template <int K, int CB>
+__device__ __forceinline__ void deep_wide_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in,
+                                               float* __restrict__ y, int n_p, int out_features, unsigned char* shared) {
+    down_body<K, CB, 2, true>(table, g, in, y, n_p, out_features, shared);
+}
 }  // namespace
 
 // One warp per (slot, 128 input channels), 8 per block; block y = slot. Item `sorted_items[slot]`
@@ -311,6 +320,9 @@ TF_PROMPT_OUT(tf_exl3_prompt_narrow2, 2, narrow_body, tf::prompt_shared_bytes(1)
 TF_PROMPT_OUT(tf_exl3_prompt_deep, 4, deep_body, tf::prompt_shared_bytes(1), 2)
 TF_PROMPT_OUT(tf_exl3_prompt_deep3, 3, deep_body, tf::prompt_shared_bytes(1), 2)
 TF_PROMPT_OUT(tf_exl3_prompt_deep2, 2, deep_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_deepw, 4, deep_wide_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_deep3w, 3, deep_wide_body, tf::prompt_shared_bytes(1), 2)
+TF_PROMPT_OUT(tf_exl3_prompt_deep2w, 2, deep_wide_body, tf::prompt_shared_bytes(1), 2)
 
 // After tf_exl3_prompt_deep{,3,2}: y[item] = the splits' partials added in split order, plus the
 // bias (table entry 0's: a plain linear's). A block per (256 columns, slot in use).

@@ -20,6 +20,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_exl3_prompt_narrow3", "tf_exl3_prompt_narrow2",  "tf_exl3_prompt_deep",     "tf_exl3_prompt_deep3",
     "tf_exl3_prompt_deep2",   "tf_exl3_prompt_deep_sum", "tf_exl3_prompt_gu_32",    "tf_exl3_prompt_gu3_32",
     "tf_exl3_prompt_gu2_32",  "tf_exl3_prompt_down_32",  "tf_exl3_prompt_down3_32", "tf_exl3_prompt_down2_32",
+    "tf_exl3_prompt_deepw",   "tf_exl3_prompt_deep3w",   "tf_exl3_prompt_deep2w",
 });
 
 pub fn load(gpu: *const Gpu, diag: *Diagnostic) Error!Module {
@@ -77,10 +78,15 @@ pub const LinearForm = enum {
         return (std.math.divCeil(usize, n_p, form.columns()) catch unreachable) * (std.math.divCeil(usize, items, group_rows) catch unreachable);
     }
 
-    /// The form for `items` rows of a weight of n_p columns on `multiprocessors` SMs: narrow while
-    /// wide's blocks would leave SMs idle.
-    pub fn choose(n_p: usize, items: usize, multiprocessors: usize) LinearForm {
-        return if (LinearForm.wide.blocks(n_p, items) < multiprocessors) .narrow else .wide;
+    /// The form for `items` rows of a weight of n_p columns split `splits` ways over k on
+    /// `multiprocessors` SMs: narrow while wide's blocks would leave SMs idle. Unsplit, that is
+    /// fewer blocks than SMs (the table above); split, fewer than two an SM, where the deep
+    /// launch was measured narrow (GLM-4.5-Air's k_proj, 64 to 512 blocks) and its weights' few
+    /// columns take the splits to fill the GPU.
+    pub fn choose(n_p: usize, items: usize, splits: usize, multiprocessors: usize) LinearForm {
+        const wide_blocks = LinearForm.wide.blocks(n_p, items);
+        if (splits == 1) return if (wide_blocks < multiprocessors) .narrow else .wide;
+        return if (wide_blocks * splits < 2 * multiprocessors) .narrow else .wide;
     }
 
     /// TF_CUDA_PROMPT_LINEAR's form, or null (unset: the engine chooses).
@@ -90,22 +96,26 @@ pub const LinearForm = enum {
     }
 };
 
-/// The k splits of a plain linear's prompt rows (tf_exl3_prompt_deep): enough that the weight's
-/// 128-column blocks times the splits reach 32 per group of rows, each split at least 4 slabs (128
-/// input channels), at most 8; 1 (the forms above) for weights of 32 or more column blocks. From
-/// the shape alone, so a row's outputs depend on its shape, never on its chunk. The profile that
-/// asked for it (docs/measurements.md, 2026-12-04): GLM-4.5-Air's k_proj and v_proj, 8 column
-/// blocks, 114 us each for a 256-row chunk, a quarter of the SMs busy. TF_CUDA_PROMPT_DEEP=0 turns
-/// the splits off (a comparison switch: it changes the bits of those weights' prompt rows).
+/// The k splits of a plain linear's prompt rows (tf_exl3_prompt_deep, _deepw): enough that the
+/// weight's 128-column blocks times the splits reach 64 per group of rows, so that a 256-row chunk
+/// (four groups) fills two blocks on each of an H200's SMs; each split at least 4 slabs (128 input
+/// channels), at most 8; 1 (the forms above) for weights of 64 or more column blocks. From the
+/// shape alone, so a row's outputs depend on its shape, never on its chunk. The profiles that asked
+/// for it (docs/measurements.md): GLM-4.5-Air's k_proj and v_proj, 8 column blocks, 114 us each for
+/// a 256-row chunk with a quarter of the SMs busy (2026-12-04; split 4 ways since 86ad031); its
+/// o_proj, 32 column blocks, 340 us with one block an SM. TF_CUDA_PROMPT_DEEP=0 turns the splits
+/// off (a comparison switch: it changes the bits of those weights' prompt rows).
 pub fn deepSplits(k_p: usize, n_p: usize) usize {
     if (switches.off("TF_CUDA_PROMPT_DEEP")) return 1;
     return deepSplitsOf(k_p, n_p);
 }
 
+const deep_blocks = 64;
+
 fn deepSplitsOf(k_p: usize, n_p: usize) usize {
     const blocks = n_p / 128;
-    if (blocks >= 32) return 1;
-    return @max(1, @min(32 / blocks, 8, k_p / (4 * 32)));
+    if (blocks >= deep_blocks) return 1;
+    return @max(1, @min(deep_blocks / blocks, 8, k_p / (4 * 32)));
 }
 
 /// One EXL3 weight as the kernels see it.
@@ -269,11 +279,11 @@ pub const Launcher = struct {
     }
 
     /// A plain linear over the items: sort, rotate, then down's kernel or the narrow one (with
-    /// bias); or, for a weight deepSplits splits, the deep launch and its sum.
+    /// bias); or, for a weight deepSplits splits, the deep launch in either form and its sum.
     pub fn runLinear(l: Launcher, s: Scratch, x: Ptr, items: usize, items_per_row: usize, layer_of_item: Ptr, table: Ptr, shape: Shape, in_features: usize, out_features: usize, y: Ptr) Error!void {
         std.debug.assert(items <= s.slots and ineligible(shape) == null);
-        const form = l.linear_form orelse LinearForm.choose(shape.n_p, items, l.glm.gpu.multiprocessors);
         const splits = if (l.deep) deepSplits(shape.k_p, shape.n_p) else 1;
+        const form = l.linear_form orelse LinearForm.choose(shape.n_p, items, splits, l.glm.gpu.multiprocessors);
         const g = s.grouping;
         try l.glm.groupItems(layer_of_item, items, items, 1, group_rows, g);
         try l.rotate(s, x, 0, items_per_row, table, 1, 0, layer_of_item, items, in_features, shape.k_p);
@@ -285,16 +295,22 @@ pub const Launcher = struct {
             table,      g.sorted,       g.first,        g.count,           g.layer,                    g.total, s.rotated, target,
             int(items), int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
         };
-        const grid: [3]u32 = .{ @intCast(shape.n_p / 128), groups, @intCast(splits) };
+        const columns: u32 = @intCast(std.math.divCeil(usize, shape.n_p, form.columns()) catch unreachable);
+        const grid: [3]u32 = .{ columns, groups, @intCast(splits) };
         if (splits == 1) switch (shape.bits2) {
             8 => return l.run("tf_exl3_prompt_narrow", grid, args),
             6 => return l.run("tf_exl3_prompt_narrow3", grid, args),
             else => return l.run("tf_exl3_prompt_narrow2", grid, args),
         };
-        switch (shape.bits2) {
-            8 => try l.run("tf_exl3_prompt_deep", grid, args),
-            6 => try l.run("tf_exl3_prompt_deep3", grid, args),
-            else => try l.run("tf_exl3_prompt_deep2", grid, args),
+        switch (form) {
+            inline else => |f| {
+                const suffix = if (f == .wide) "w" else "";
+                switch (shape.bits2) {
+                    8 => try l.run("tf_exl3_prompt_deep" ++ suffix, grid, args),
+                    6 => try l.run("tf_exl3_prompt_deep3" ++ suffix, grid, args),
+                    else => try l.run("tf_exl3_prompt_deep2" ++ suffix, grid, args),
+                }
+            },
         }
         const sum = .{ table, g.sorted, g.first, g.count, g.layer, g.total, s.partials, y, int(items), int(out_features), int(splits) };
         try l.run("tf_exl3_prompt_deep_sum", .{ @intCast(std.math.divCeil(usize, out_features, 256) catch unreachable), @intCast(items), 1 }, sum);
@@ -344,21 +360,28 @@ test "a plain linear's form: narrow while wide's blocks leave SMs idle" {
     try t.expectEqual(@as(usize, 64), LinearForm.wide.blocks(4096, 256));
     try t.expectEqual(@as(usize, 128), LinearForm.narrow.blocks(4096, 256));
     try t.expectEqual(@as(usize, 20), LinearForm.wide.blocks(5120, 1)); // a partial group is a block
-    try t.expectEqual(LinearForm.narrow, LinearForm.choose(4096, 256, 132)); // GLM-4.5-Air o_proj
-    try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 132));
-    try t.expectEqual(LinearForm.wide, LinearForm.choose(12288, 256, 132)); // q_proj: 192 blocks
-    try t.expectEqual(LinearForm.narrow, LinearForm.choose(1024, 1024, 132)); // k_proj: 64 blocks
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(4096, 256, 1, 132)); // GLM-4.5-Air o_proj unsplit
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 1, 132));
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(12288, 256, 1, 132)); // q_proj: 192 blocks
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(1024, 1024, 1, 132)); // k_proj unsplit: 64 blocks
+    // Split: wide once its blocks fill two an SM.
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(4096, 256, 2, 132)); // o_proj: 128 wide blocks
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 2, 132)); // 512
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(1024, 256, 8, 132)); // k_proj: 128
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(1024, 1024, 8, 132)); // 512
 }
 
-test "deep splits: a narrow weight's column blocks times its splits reach 32, from the shape alone" {
+test "deep splits: a narrow weight's column blocks times its splits reach 64, from the shape alone" {
     const t = std.testing;
-    try t.expectEqual(@as(usize, 4), deepSplitsOf(4096, 1024)); // GLM-4.5-Air k_proj, v_proj
-    try t.expectEqual(@as(usize, 1), deepSplitsOf(12288, 4096)); // its o_proj: 32 blocks already
-    try t.expectEqual(@as(usize, 1), deepSplitsOf(4096, 12288));
+    try t.expectEqual(@as(usize, 8), deepSplitsOf(4096, 1024)); // GLM-4.5-Air k_proj, v_proj
+    try t.expectEqual(@as(usize, 2), deepSplitsOf(12288, 4096)); // its o_proj: 32 blocks
+    try t.expectEqual(@as(usize, 1), deepSplitsOf(4096, 12288)); // its q_proj: 96
+    try t.expectEqual(@as(usize, 1), deepSplitsOf(768, 5120)); // GLM-4.7-Flash q_b: 40
+    try t.expectEqual(@as(usize, 4), deepSplitsOf(5120, 2048)); // its o_proj: 16
     try t.expectEqual(@as(usize, 8), deepSplitsOf(2048, 256)); // at most 8
     try t.expectEqual(@as(usize, 2), deepSplitsOf(256, 128)); // each split 4 slabs at least
     try t.expectEqual(@as(usize, 1), deepSplitsOf(128, 128));
-    try t.expectEqual(@as(usize, 6), deepSplitsOf(2048, 640)); // GLM-4.7-Flash kv_a (576 padded)
+    try t.expectEqual(@as(usize, 8), deepSplitsOf(2048, 640)); // GLM-4.7-Flash kv_a (576 padded)
 }
 
 test "which weights the prompt kernels take" {
