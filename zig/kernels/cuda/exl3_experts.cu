@@ -1,6 +1,7 @@
 // The fused prompt (prefill) path of EXL3 linears over many rows, on tensor cores. Three launches
 // run an MLP (the routed experts of a layer, or one dense/shared MLP) over a chunk's prompt rows,
-// after tf_exl3_group_items (glm_forward.cu) has sorted the items by layer into groups of up to 64:
+// after tf_exl3_group_items (glm_forward.cu) has sorted the items by layer into groups of up to 64
+// (or 32, the slim entries below):
 //
 //   tf_exl3_prompt_rotate   x (or silu(x)·up) ⊙ suh, 128-point Hadamard, as fp16 high/low planes,
 //                           one per input operand (gate and up each have their own suh)

@@ -410,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
 }
 
 // Items sorted by layer (ties by item index: a stable counting sort), cut into groups of at most
-// `group_size` items of one layer (16 for the GEMV's groups, 64 for the prompt kernels), in layer
+// `group_size` items of one layer (16 for the GEMV's groups, 64 or 32 for the prompt kernels), in layer
 // order. Items of layer -1 belong to the other path and are left out. One warp: ranks within each 32-item chunk come from
 // __match_any_sync, so the order does not depend on timing. `layers` <= 1024; ranks: items ints.
 extern "C" __global__ void __launch_bounds__(32) tf_exl3_group_items(const int* __restrict__ layer_of_item, int items, int group_items,
