@@ -31,9 +31,10 @@ constexpr int kSlabPitch = kPromptSlab + 8;  // halves per shared row: 80 bytes,
                                              // ldmatrix phase land in distinct banks
 constexpr int kEpiloguePitch = 128 + 4;      // floats per row of the epilogue's staging
 
-// Rows staged per epilogue pass for groups of up to 16·kM rows: half a group, so that the staging
-// fits in the pipeline's stages (the slim kernels' 20 KB let three blocks share a GB10's SM).
-__host__ __device__ constexpr int epilogue_rows(int m_tiles) { return 8 * m_tiles; }
+// Rows staged per epilogue pass for groups of up to 16·kM rows: half a group (a row tile at
+// least), so that the staging fits in the pipeline's stages (the slim kernels' 20 KB let three
+// blocks share a GB10's SM).
+__host__ __device__ constexpr int epilogue_rows(int m_tiles) { return m_tiles >= 2 ? 8 * m_tiles : 16; }
 
 // Shared bytes of a prompt kernel with `ops` input operands and groups of up to `rows`: the
 // pipeline's two stages, reused by the epilogue's staging of two 128-column halves of rows / 2.
