@@ -53,8 +53,10 @@ def prompt_kernels(directory, tokens, rows_max: int) -> tuple[np.ndarray, set[st
         logits = engine.logits(tokens)
         engine.add(tokens, trellisforge.Sampling(max_tokens=1), stop_token_ids=[])
         engine.time_next_step()
-        engine.step()
+        done = any(e.finish_reason is not None for e in engine.step())
         names = {e["name"] for e in engine.timeline()}
+        while not done:
+            done = any(e.finish_reason is not None for e in engine.step())
     return logits, names
 
 
