@@ -544,7 +544,7 @@ const Layer = struct {
         };
         for (paths) |path| {
             const fused = path.fused;
-            if (fused != null and path.form == .slim and m > 512) continue;
+            if (path.form == .slim and m > 512) continue;
             try layer.enqueueCall(k, &made[0], m, 0, 0, fused, path.form); // warm-up
             var times: [3]f64 = undefined;
             for (&times, 0..) |*t, i| {

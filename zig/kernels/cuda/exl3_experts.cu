@@ -125,7 +125,7 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
 // A block per (128·kCols output columns, group). kCols = 2: each warp takes two tile columns
 // (tf_exl3_prompt_down); 1: one (tf_exl3_prompt_narrow: twice the blocks, for a narrow weight or a
 // short chunk). The same chains either way, so the same bits: the host picks by the shape and the
-// chunk's rows (exl3_prompt.zig, LinearForm). kDeep (tf_exl3_prompt_deep, one tile column a warp):
+// chunk's rows (exl3_prompt.zig, LinearForm). kDeep (tf_exl3_prompt_deep{,w}, either form):
 // block z of gridDim.z takes the z-th of as many equal k ranges and writes its rotated, scaled
 // partial to y[(z·slots + item)·out_features + n], which tf_exl3_prompt_deep_sum adds in z order
 // with the bias: a narrow weight's few column blocks times the splits fill the GPU.
@@ -180,18 +180,20 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
     }
 }
 
-// The slim entries (tf_exl3_prompt_{gu,down}{,3,2}_32) for groups of up to 32 rows: half the
-// accumulators and half the shared memory, three blocks per SM where the 64-row kernels fit two
-// (on sm_90 and on the GB10's 100 KB SMs alike). A routed expert of a short
-// chunk holds ~16 rows (GLM-4.5-Air, 256 rows x 9 slots over 129 entries), so its decoded tiles
-// serve a quarter of the 64-row kernels' rows, and those kernels wait on the decode's chains with
-// 4 warps a scheduler (docs/measurements.md, 2026-11-29).
+// tf_exl3_prompt_gu{,3,2}: gu_body over groups of up to 64 rows.
 template <int K, int CB>
 __device__ __forceinline__ void gu_body_64(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
                                            const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,
                                            unsigned char* shared) {
     gu_body<K, CB, 4>(table, up_offset, down_table, g, in, out, n_p, width, shared);
 }
+
+// The slim entries (tf_exl3_prompt_{gu,down}{,3,2}_32) for groups of up to 32 rows: half the
+// accumulators and half the shared memory, three blocks per SM where the 64-row kernels fit two
+// (on sm_90 and on the GB10's 100 KB SMs alike). A routed expert of a short chunk holds ~18 rows
+// (GLM-4.5-Air, 256 rows x 9 slots over 129 entries), so its decoded tiles serve a quarter of the
+// 64-row kernels' rows, and those kernels wait on the decode's chains with 4 warps a scheduler
+// (docs/measurements.md, 2026-11-29).
 template <int K, int CB>
 __device__ __forceinline__ void gu_body_32(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
                                            const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,

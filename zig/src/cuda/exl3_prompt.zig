@@ -103,19 +103,19 @@ pub const LinearForm = enum {
 /// shape alone, so a row's outputs depend on its shape, never on its chunk. The profiles that asked
 /// for it (docs/measurements.md): GLM-4.5-Air's k_proj and v_proj, 8 column blocks, 114 us each for
 /// a 256-row chunk with a quarter of the SMs busy (2026-12-04; split 4 ways since 86ad031); its
-/// o_proj, 32 column blocks, 340 us with one block an SM. TF_CUDA_PROMPT_DEEP=0 turns the splits
-/// off (a comparison switch: it changes the bits of those weights' prompt rows).
+/// o_proj, 32 column blocks, 340 us with one block an SM. The engine can turn the splits off
+/// (deepAllowed).
 pub fn deepSplits(k_p: usize, n_p: usize) usize {
-    if (switches.off("TF_CUDA_PROMPT_DEEP")) return 1;
-    return deepSplitsOf(k_p, n_p);
-}
-
-const deep_blocks = 64;
-
-fn deepSplitsOf(k_p: usize, n_p: usize) usize {
+    const deep_blocks = 64;
     const blocks = n_p / 128;
     if (blocks >= deep_blocks) return 1;
     return @max(1, @min(deep_blocks / blocks, 8, k_p / (4 * 32)));
+}
+
+/// TF_CUDA_PROMPT_DEEP=0 turns the splits off (a comparison switch: it changes the bits of those
+/// weights' prompt rows); read once, when a model is made (Launcher.deep).
+pub fn deepAllowed() bool {
+    return !switches.off("TF_CUDA_PROMPT_DEEP");
 }
 
 /// One EXL3 weight as the kernels see it.
@@ -232,7 +232,8 @@ pub const Launcher = struct {
     module: *const Module,
     /// A plain linear's form for every call (LinearForm.forced()), or null: chosen per call.
     linear_form: ?LinearForm = null,
-    /// Whether weights that deepSplits splits take the deep launch (false: tf-bench's forms).
+    /// Whether weights that deepSplits splits take the deep launch (false: tf-bench's forms, or
+    /// TF_CUDA_PROMPT_DEEP=0 through deepAllowed).
     deep: bool = true,
     /// An MLP's form for every call (MlpForm.forced()), or null: chosen per call.
     mlp_form: ?MlpForm = null,
@@ -246,6 +247,24 @@ pub const Launcher = struct {
 
     fn int(v: usize) c_int {
         return @intCast(v);
+    }
+
+    /// Launches `base` ++ the rate's digit (none at 4 bits) ++ `suffix`: the entries come in threes,
+    /// one per trellis rate K (exl3_experts.cu).
+    fn runRate(l: Launcher, comptime base: []const u8, comptime suffix: []const u8, bits2: u8, grid: [3]u32, args: anytype) Error!void {
+        switch (bits2) {
+            8 => try l.run(base ++ suffix, grid, args),
+            6 => try l.run(base ++ "3" ++ suffix, grid, args),
+            else => try l.run(base ++ "2" ++ suffix, grid, args),
+        }
+    }
+
+    /// An MLP kernel's entry for `form`: the slim ones end in _32.
+    fn runForm(l: Launcher, comptime base: []const u8, form: MlpForm, bits2: u8, grid: [3]u32, args: anytype) Error!void {
+        switch (form) {
+            .full => try l.runRate(base, "", bits2, grid, args),
+            .slim => try l.runRate(base, "_32", bits2, grid, args),
+        }
     }
 
     /// Sort, rotate (gate's and up's suh), gate/up with SwiGLU and down's input rotation, down.
@@ -264,16 +283,7 @@ pub const Launcher = struct {
         // At most every entry the items name, gate's and up's (as the GEMV states it).
         const entries = @min(c.items, c.layers);
         l.glm.gpu.noteReads(entries * 2 * c.gate.entryBytes());
-        switch (form) {
-            inline else => |f| {
-                const suffix = if (f == .slim) "_32" else "";
-                switch (c.gate.bits2) {
-                    8 => try l.run("tf_exl3_prompt_gu" ++ suffix, gu_grid, gu),
-                    6 => try l.run("tf_exl3_prompt_gu3" ++ suffix, gu_grid, gu),
-                    else => try l.run("tf_exl3_prompt_gu2" ++ suffix, gu_grid, gu),
-                }
-            },
-        }
+        try l.runForm("tf_exl3_prompt_gu", form, c.gate.bits2, gu_grid, gu);
         l.glm.gpu.noteReads(entries * c.down_shape.entryBytes());
         try l.down(s, s.down_in, c.down, c.down_shape, c.hidden, c.y, c.items, groups, form);
     }
@@ -297,20 +307,10 @@ pub const Launcher = struct {
         };
         const columns: u32 = @intCast(std.math.divCeil(usize, shape.n_p, form.columns()) catch unreachable);
         const grid: [3]u32 = .{ columns, groups, @intCast(splits) };
-        if (splits == 1) switch (shape.bits2) {
-            8 => return l.run("tf_exl3_prompt_narrow", grid, args),
-            6 => return l.run("tf_exl3_prompt_narrow3", grid, args),
-            else => return l.run("tf_exl3_prompt_narrow2", grid, args),
-        };
+        if (splits == 1) return l.runRate("tf_exl3_prompt_narrow", "", shape.bits2, grid, args);
         switch (form) {
-            inline else => |f| {
-                const suffix = if (f == .wide) "w" else "";
-                switch (shape.bits2) {
-                    8 => try l.run("tf_exl3_prompt_deep" ++ suffix, grid, args),
-                    6 => try l.run("tf_exl3_prompt_deep3" ++ suffix, grid, args),
-                    else => try l.run("tf_exl3_prompt_deep2" ++ suffix, grid, args),
-                }
-            },
+            .narrow => try l.runRate("tf_exl3_prompt_deep", "", shape.bits2, grid, args),
+            .wide => try l.runRate("tf_exl3_prompt_deep", "w", shape.bits2, grid, args),
         }
         const sum = .{ table, g.sorted, g.first, g.count, g.layer, g.total, s.partials, y, int(items), int(out_features), int(splits) };
         try l.run("tf_exl3_prompt_deep_sum", .{ @intCast(std.math.divCeil(usize, out_features, 256) catch unreachable), @intCast(items), 1 }, sum);
@@ -332,16 +332,7 @@ pub const Launcher = struct {
             int(items), int(shape.k_p), int(shape.n_p), int(out_features), @as(c_int, shape.codebook),
         };
         const grid: [3]u32 = .{ @intCast(std.math.divCeil(usize, shape.n_p, 256) catch unreachable), groups, 1 };
-        switch (form) {
-            inline else => |f| {
-                const suffix = if (f == .slim) "_32" else "";
-                switch (shape.bits2) {
-                    8 => try l.run("tf_exl3_prompt_down" ++ suffix, grid, args),
-                    6 => try l.run("tf_exl3_prompt_down3" ++ suffix, grid, args),
-                    else => try l.run("tf_exl3_prompt_down2" ++ suffix, grid, args),
-                }
-            },
-        }
+        try l.runForm("tf_exl3_prompt_down", form, shape.bits2, grid, args);
     }
 };
 
@@ -373,15 +364,15 @@ test "a plain linear's form: narrow while wide's blocks leave SMs idle" {
 
 test "deep splits: a narrow weight's column blocks times its splits reach 64, from the shape alone" {
     const t = std.testing;
-    try t.expectEqual(@as(usize, 8), deepSplitsOf(4096, 1024)); // GLM-4.5-Air k_proj, v_proj
-    try t.expectEqual(@as(usize, 2), deepSplitsOf(12288, 4096)); // its o_proj: 32 blocks
-    try t.expectEqual(@as(usize, 1), deepSplitsOf(4096, 12288)); // its q_proj: 96
-    try t.expectEqual(@as(usize, 1), deepSplitsOf(768, 5120)); // GLM-4.7-Flash q_b: 40
-    try t.expectEqual(@as(usize, 4), deepSplitsOf(5120, 2048)); // its o_proj: 16
-    try t.expectEqual(@as(usize, 8), deepSplitsOf(2048, 256)); // at most 8
-    try t.expectEqual(@as(usize, 2), deepSplitsOf(256, 128)); // each split 4 slabs at least
-    try t.expectEqual(@as(usize, 1), deepSplitsOf(128, 128));
-    try t.expectEqual(@as(usize, 8), deepSplitsOf(2048, 640)); // GLM-4.7-Flash kv_a (576 padded)
+    try t.expectEqual(@as(usize, 8), deepSplits(4096, 1024)); // GLM-4.5-Air k_proj, v_proj
+    try t.expectEqual(@as(usize, 2), deepSplits(12288, 4096)); // its o_proj: 32 blocks
+    try t.expectEqual(@as(usize, 1), deepSplits(4096, 12288)); // its q_proj: 96
+    try t.expectEqual(@as(usize, 1), deepSplits(768, 5120)); // GLM-4.7-Flash q_b: 40
+    try t.expectEqual(@as(usize, 4), deepSplits(5120, 2048)); // its o_proj: 16
+    try t.expectEqual(@as(usize, 8), deepSplits(2048, 256)); // at most 8
+    try t.expectEqual(@as(usize, 2), deepSplits(256, 128)); // each split 4 slabs at least
+    try t.expectEqual(@as(usize, 1), deepSplits(128, 128));
+    try t.expectEqual(@as(usize, 8), deepSplits(2048, 640)); // GLM-4.7-Flash kv_a (576 padded)
 }
 
 test "which weights the prompt kernels take" {

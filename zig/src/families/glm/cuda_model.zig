@@ -87,6 +87,8 @@ pub const GpuModel = struct {
     /// TF_CUDA_PROMPT_LINEAR's form for the plain linears' prompt rows, or null: chosen per call.
     prompt_linear: ?P.LinearForm,
     prompt_mlp: ?P.MlpForm,
+    /// Whether split weights take the deep launch (exl3_prompt.deepAllowed, read once).
+    prompt_deep: bool,
     /// Unquantized weights on the tensor cores (TF_CUDA_DENSE_MMA=0: a warp per output, f32), and
     /// the most split sums one of their launches leaves in model.acc.
     dense_mma: bool,
@@ -241,6 +243,7 @@ pub const GpuModel = struct {
         model.prompt_enabled = !core.switches.off("TF_CUDA_PROMPT");
         model.prompt_linear = P.LinearForm.forced();
         model.prompt_mlp = P.MlpForm.forced();
+        model.prompt_deep = P.deepAllowed();
         model.dense_mma = !core.switches.off("TF_CUDA_DENSE_MMA");
         model.dense_partials = 0;
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");

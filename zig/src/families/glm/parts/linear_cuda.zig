@@ -232,7 +232,7 @@ pub fn runLinear(model: *GpuModel, k: K.Kernels, linear: *const GpuLinear, x: Pt
 }
 
 pub fn launcher(model: *const GpuModel, k: K.Kernels) P.Launcher {
-    return .{ .glm = k, .module = &model.prompt_module, .linear_form = model.prompt_linear, .mlp_form = model.prompt_mlp };
+    return .{ .glm = k, .module = &model.prompt_module, .linear_form = model.prompt_linear, .mlp_form = model.prompt_mlp, .deep = model.prompt_deep };
 }
 
 /// The shape of anything with k_p, n_p, bits2 and codebook (a GroupedLinear, a GpuLinear's exl3).
