@@ -279,7 +279,7 @@ const Layer = struct {
             b.merged_experts = try b.take(gpu, variants * slot_items * 4, diag);
             b.merged_weights = try b.take(gpu, variants * slot_items * f, diag);
             b.prompt = null;
-            if (m >= 512) {
+            if (m >= 256) { // the prefill rows (layer.prefill) run the prompt kernels
                 var need: P.Need = .{};
                 need.mlp(items, experts, hidden, intermediate);
                 const Take = struct {
