@@ -205,3 +205,33 @@ def test_a_repeated_system_prompt_is_served_from_the_prefix_cache(server):
         again = plain.chat.completions.create(model="glm-tiny", messages=second, max_tokens=8, temperature=0)
         assert again.usage.prompt_tokens_details.cached_tokens == 0
         assert again.choices[0].message.content == two.choices[0].message.content
+
+
+def prefix_hits(base: str) -> float:
+    metrics = httpx.get(f"{base}/metrics").text
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("trellisforge_prefix_cache_hit_tokens "))
+
+
+def test_the_choices_of_one_prompt_compute_it_once(server):
+    """n = 3 on a prompt of several 256-row chunks: the second and third choices wait for the first
+    one's prompt and map all its full KV pages from the prefix cache (two choices' worth of hits in
+    /metrics; added while it ran, they mapped only the chunks done by then and computed the rest beside
+    it), and each choice is what a lone request with its seed gives."""
+    base, client = server
+    prompt = "Every choice of this request shares the same prompt, word for word. " * 60
+    sampling = {"max_tokens": 10, "temperature": 1.0, "logprobs": 1, "extra_body": {"ignore_eos": True}}
+    before = prefix_hits(base)
+    together = client.completions.create(model="glm-tiny", prompt=prompt, n=3, seed=40, **sampling)
+    length = together.usage.prompt_tokens
+    assert length > 4 * 256 and together.usage.prompt_tokens_details.cached_tokens == 0
+    assert prefix_hits(base) - before == 2 * ((length - 1) // 16 * 16)
+    for j, choice in enumerate(together.choices):
+        alone = client.completions.create(model="glm-tiny", prompt=prompt, seed=40 + j, **sampling).choices[0]
+        assert (choice.text, choice.logprobs.token_logprobs) == (alone.text, alone.logprobs.token_logprobs)
+    streamed = client.chat.completions.create(model="glm-tiny", messages=[{"role": "user", "content": prompt}], n=2, max_tokens=6,
+                                              temperature=0, stream=True)
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts[0] == texts[1]

@@ -70,6 +70,29 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it(base, endpoint, fiel
     assert metric(base, 'trellisforge_requests_total{outcome="cancelled"}') == cancelled + 1
 
 
+def test_a_client_leaving_while_choices_wait_on_the_first_prompt(base):
+    """n = 4 on a prompt of many chunks: choices 2-4 wait for the first one's prompt (to map its
+    pages). The client leaves during that prompt: nothing runs on, no page is held, and the waiting
+    choices never start."""
+    cancelled = metric(base, 'trellisforge_requests_total{outcome="cancelled"}')
+    generated = metric(base, "trellisforge_generation_tokens_total")
+    body = json.dumps({"model": "glm-tiny", "prompt": "A long shared prompt. " * 150, "n": 4, "max_tokens": 8}).encode()
+    port = int(base.rsplit(":", 1)[1])
+    client = socket.create_connection(("127.0.0.1", port))
+    client.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert wait_for(lambda: metric(base, "trellisforge_requests_running") == 1, 30) is not None
+    client.close()
+    assert metric(base, "trellisforge_generation_tokens_total") == generated, "the first prompt ended before the client left"
+    freed_after = wait_for(lambda: metric(base, "trellisforge_kv_pages_used") == 0 and
+                           metric(base, "trellisforge_requests_running") == 0, FREED_WITHIN_S)
+    assert freed_after is not None, "the sequences outlived their client"
+    time.sleep(0.5)
+    assert metric(base, "trellisforge_requests_running") == 0 and metric(base, "trellisforge_kv_pages_used") == 0
+    assert metric(base, "trellisforge_generation_tokens_total") == generated  # no waiting choice started
+    assert metric(base, 'trellisforge_requests_total{outcome="cancelled"}') == cancelled + 1
+
+
 SURROGATE = "hi \ud800 there"
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
 

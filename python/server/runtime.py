@@ -32,6 +32,7 @@ class _Add:
     future: asyncio.Future
     events: asyncio.Queue
     constraint: object | None  # structured.Constraint
+    after: int | None = None  # a leader's sequence id: added once its prompt is computed
 
 
 @dataclasses.dataclass
@@ -39,6 +40,7 @@ class _Subscriber:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     constraint: object | None
+    prompt_done: bool = False
 
 
 class Runtime:
@@ -47,6 +49,7 @@ class Runtime:
         self.metrics = metrics
         self._commands: queue.Queue = queue.Queue()
         self._subscribers: dict[int, _Subscriber] = {}
+        self._followers: dict[int, list[_Add]] = {}  # leader's sequence id -> adds waiting on its prompt
         self._stopping = threading.Event()
         self.failure: str | None = None
         self.stats = engine.stats()
@@ -66,15 +69,17 @@ class Runtime:
         return self._thread.is_alive() and self.failure is None
 
     async def submit(self, tokens: Sequence[int], sampling: Sampling, stop_token_ids: Sequence[int],
-                     constraint=None) -> tuple[int, asyncio.Queue]:
+                     constraint=None, after: int | None = None) -> tuple[int, asyncio.Queue]:
         """Queues a sequence; returns its id and the queue its TokenEvents arrive on. Raises the
         engine's TrellisError for a request it refuses. With a constraint, every token is sampled
-        under its grammar (`sampling` must then be constrained)."""
+        under its grammar (`sampling` must then be constrained). With `after` (a sequence with the
+        same prompt), the sequence enters the engine once that one's prompt is computed, so the
+        prefix cache serves its full pages rather than both computing them in the same steps."""
         if not self.alive:
             raise RuntimeError(self.failure or "the engine is not running")
         assert (constraint is not None) == sampling.constrained
         loop = asyncio.get_running_loop()
-        command = _Add(list(tokens), sampling, list(stop_token_ids), loop, loop.create_future(), asyncio.Queue(), constraint)
+        command = _Add(list(tokens), sampling, list(stop_token_ids), loop, loop.create_future(), asyncio.Queue(), constraint, after)
         self._commands.put(command)
         sequence_id = await command.future
         return sequence_id, command.events
@@ -119,6 +124,12 @@ class Runtime:
 
     def _execute(self, command) -> None:
         if isinstance(command, _Add):
+            leader = self._subscribers.get(command.after) if command.after is not None else None
+            if leader is not None and not leader.prompt_done:
+                self._followers.setdefault(command.after, []).append(command)
+                return
+            if command.future.cancelled():  # the request left while it waited on its leader
+                return
             try:
                 sequence_id = self.engine.add(command.tokens, command.sampling, command.stop_token_ids)
             except TrellisError as error:
@@ -133,9 +144,16 @@ class Runtime:
         elif command[0] == "cancel":
             self._cancel_now(command[1])
 
+    def _release_followers(self, leader: int) -> None:
+        if self._stopping.is_set():
+            return  # _end_all settles them
+        for command in self._followers.pop(leader, []):
+            self._execute(command)
+
     def _cancel_now(self, sequence_id: int) -> None:
         if self._subscribers.pop(sequence_id, None) is None:
             return
+        self._release_followers(sequence_id)
         try:
             self.engine.cancel(sequence_id)
         except TrellisError:
@@ -147,6 +165,7 @@ class Runtime:
             if subscriber is None:
                 continue
             subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, event)
+            subscriber.prompt_done = True
             if event.finish_reason is not None:
                 del self._subscribers[event.sequence_id]
             elif subscriber.constraint is not None:
@@ -154,6 +173,7 @@ class Runtime:
                 if not self._constrain(event.sequence_id):
                     self._cancel_now(event.sequence_id)
                     subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, Ended(self.mask_failure))
+            self._release_followers(event.sequence_id)
 
     def _constrain(self, sequence_id: int) -> bool:
         """The sequence's next token's mask into the engine; False (and `mask_failure`) when its
@@ -169,6 +189,9 @@ class Runtime:
         for subscriber in self._subscribers.values():
             subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, Ended(reason))
         self._subscribers.clear()
+        for command in (c for waiting in self._followers.values() for c in waiting):
+            command.loop.call_soon_threadsafe(_settle, command.future, None, RuntimeError(reason))
+        self._followers.clear()
 
 
     def _settle_add(self, future: asyncio.Future, sequence_id: int) -> None:

@@ -14,6 +14,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trellisforge import TrellisError
+from trellisforge.engine import PAGE_TOKENS
 
 from . import errors
 from .errors import ApiError
@@ -90,21 +91,35 @@ async def submit(state, body, plan: Plan) -> list:
     try:
         for prompt_index, prompt in enumerate(plan.prompts):
             max_tokens = plan.max_tokens or context_left(state, prompt)
+            leader = None
             for j in range(body.n):
                 index = prompt_index * body.n + j
                 choice = ChoiceState(index, plan, state.tokenizer, body.stop, state.engine.eos_token_ids, want_logprobs)
                 constraint = await asyncio.to_thread(state.grammars.constraint, plan.grammar) if plan.grammar else None
                 sampling = sampling_for(body, max_tokens, index, constrained=constraint is not None)
-                sequence_id, events = await state.runtime.submit(prompt, sampling, stop_ids, constraint)
+                sequence_id, events = await state.runtime.submit(prompt, sampling, stop_ids, constraint, after=leader)
                 handles.append((choice, sequence_id, events))
+                if j == 0 and body.n > 1 and shares_pages(state, prompt):
+                    leader = sequence_id
     except TrellisError as error:
         cancel_all(state, handles)
         status = 503 if "slots are in use" in str(error) else 400
         raise ApiError(status, str(error), code="overloaded" if status == 503 else "invalid_value") from None
-    except BaseException:  # the client left while the sequences were being added
+    except asyncio.CancelledError:  # the client left while the sequences were being added
+        log.info("the client left while its sequences were added; cancelled %d (499)", cancel_all(state, handles))
+        state.metrics.requests.labels("cancelled").inc()
+        raise
+    except BaseException:
         cancel_all(state, handles)
         raise
     return handles
+
+
+def shares_pages(state, prompt: list[int]) -> bool:
+    """Whether an n > 1 request's other choices should wait for the first one's prompt: the prefix
+    cache then maps its full pages (a prompt's last token is always computed) instead of every
+    choice computing the same prompt in the same steps."""
+    return bool(state.runtime.stats.get("prefix_cache")) and len(prompt) > PAGE_TOKENS
 
 
 def context_left(state, prompt: list[int]) -> int:
@@ -199,8 +214,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
 
 
 def cached_tokens(handles, n: int) -> int:
-    """Prompt tokens served from the prefix cache, counted once per prompt as prompt_tokens are
-    (its first choice's sequence; the others of an n > 1 request start together with it)."""
+    """Prompt tokens served from the prefix cache, counted once per prompt as prompt_tokens are:
+    its first choice's sequence (the others of an n > 1 request map that one's pages)."""
     return sum(choice.cached_tokens for choice, _, _ in handles[::n])
 
 
