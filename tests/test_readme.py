@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import httpx
 from conftest import ROOT
 from server_process import running_server
 
@@ -27,4 +28,10 @@ def test_the_client_snippet_runs():
     (snippet,) = [block for block in BLOCKS if "from openai import OpenAI" in block]
     assert 'model="default"' in snippet and "http://127.0.0.1:8000/v1" in snippet
     with running_server() as (base, _):
-        assert run(snippet.replace("http://127.0.0.1:8000", base)).strip()
+        # The reply is drawn (temperature 1): its text may be empty (EOS first, or all 16 tokens
+        # inside <think>), so the proof is the printed line and the tokens the server counted.
+        assert run(snippet.replace("http://127.0.0.1:8000", base)).endswith("\n")
+        metrics = httpx.get(f"{base}/metrics").text
+        assert re.search(r"^trellisforge_requests_total\{outcome=\"completed\"\} 1\.0$", metrics, re.MULTILINE), metrics
+        generated = re.search(r"^trellisforge_generation_tokens_total ([0-9.]+)$", metrics, re.MULTILINE)
+        assert generated and 1 <= float(generated.group(1)) <= 16
