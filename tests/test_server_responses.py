@@ -1,7 +1,8 @@
 """The OpenAI Responses API (POST /v1/responses), as Codex CLI and the Agents SDK use it: on the
 scripted model (tests/scripted_model.py) a reasoning item and a function call come back, and a
 second turn that sends them with the call's output renders exactly the prompt the chat route renders
-for the same conversation; streamed events build the same response, in order, each one of the SDK's
+for the same conversation, and so does one that names the stored first turn by previous_response_id
+(the store's reads, deletes and bound are tested too); streamed events build the same response, in order, each one of the SDK's
 event types; on the random fixture the text is the chat route's, structured output holds, and bad
 requests get a 400 naming the field."""
 from __future__ import annotations
@@ -137,14 +138,15 @@ def test_a_json_schema_format_is_enforced(tiny):
 
 
 @pytest.mark.parametrize("fields,param,code", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "previous_response_not_found"),
+    ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
     ({"background": True}, "background", "unsupported_parameter"),
     ({"tools": [{"type": "web_search"}]}, "tools.0.type", "unsupported_value"),
     ({"tools": [{"type": "function", "name": "f", "colour": "red"}]}, "tools.0", None),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
      "input.0.content.0", "unsupported_content"),
     ({"input": [{"type": "local_shell_call", "id": "x"}]}, "input.0.type", "unsupported_value"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0", "unsupported_parameter"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_1"}]}, "input.1", "item_not_found"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id", None),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input.0.role", None),
     ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name", "invalid_value"),
@@ -178,7 +180,74 @@ def test_a_client_that_leaves_a_stream_leaves_nothing_running(tiny):
     assert "trellisforge_requests_running 0.0" in metrics and "trellisforge_kv_pages_used 0.0" in metrics
 
 
-def test_a_stored_response_is_asked_for_in_vain(tiny):
-    base, _ = tiny
-    reply = httpx.get(f"{base}/v1/responses/resp_123", timeout=30)
-    assert reply.status_code == 404 and "keeps no responses" in reply.json()["error"]["message"]
+def test_a_second_turn_by_previous_response_id_is_the_whole_conversation(scripted):
+    """Turn two sent as Codex's whole conversation and as the stored turn one's id plus the call's
+    output: the same prompt (input tokens) and output; GET gives the stored object, input_items the
+    conversation turn two read; an item_reference to a stored item is that item."""
+    base, client = scripted
+    first = create(base, model="glm-scripted", input=QUESTION, tools=TOOLS, temperature=0)
+    assert first["store"] is True and first["previous_response_id"] is None
+    reasoning, call = first["output"]
+    answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny, 21 degrees"}
+    whole = create(base, model="glm-scripted", input=[{"type": "message", "role": "user", "content": QUESTION}, reasoning, call,
+                                                      answer], tools=TOOLS, temperature=0, store=False)
+    chained = create(base, model="glm-scripted", previous_response_id=first["id"], input=[answer], tools=TOOLS, temperature=0)
+    assert chained["previous_response_id"] == first["id"]
+    assert chained["usage"]["input_tokens"] == whole["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+    assert [(i["type"], i.get("content"), i.get("arguments")) for i in chained["output"]] == \
+           [(i["type"], i.get("content"), i.get("arguments")) for i in whole["output"]]
+    referenced = create(base, model="glm-scripted", input=[{"type": "message", "role": "user", "content": QUESTION},
+                                                           {"type": "item_reference", "id": reasoning["id"]},
+                                                           {"type": "item_reference", "id": call["id"]}, answer],
+                        tools=TOOLS, temperature=0)
+    assert referenced["usage"]["input_tokens"] == whole["usage"]["input_tokens"]
+
+    assert httpx.get(f"{base}/v1/responses/{chained['id']}", timeout=30).json() == chained
+    assert client.responses.retrieve(first["id"]).output[1].call_id == call["call_id"]
+    listed = client.responses.input_items.list(chained["id"], order="asc")
+    assert [item.type for item in listed.data] == ["message", "reasoning", "function_call", "function_call_output"]
+    assert listed.data[2].id == call["id"] and listed.has_more is False
+    newest = httpx.get(f"{base}/v1/responses/{chained['id']}/input_items", params={"limit": 2}, timeout=30).json()
+    assert [item["type"] for item in newest["data"]] == ["function_call_output", "function_call"] and newest["has_more"]
+    rest = httpx.get(f"{base}/v1/responses/{chained['id']}/input_items", params={"limit": 2, "after": newest["last_id"]},
+                     timeout=30).json()
+    assert [item["type"] for item in rest["data"]] == ["reasoning", "message"] and not rest["has_more"]
+
+    # Not stored: store false, or deleted; a chain that lost a link is refused, not half-read.
+    for gone in (whole["id"], "resp_123"):
+        reply = httpx.get(f"{base}/v1/responses/{gone}", timeout=30)
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+    deleted = httpx.delete(f"{base}/v1/responses/{first['id']}", timeout=30)
+    assert deleted.json() == {"id": first["id"], "object": "response.deleted", "deleted": True}
+    assert httpx.get(f"{base}/v1/responses/{first['id']}", timeout=30).status_code == 404
+    assert httpx.delete(f"{base}/v1/responses/{first['id']}", timeout=30).status_code == 404
+    orphan = httpx.post(f"{base}/v1/responses", json={"model": "glm-scripted", "previous_response_id": chained["id"],
+                                                      "input": "And tomorrow?"}, timeout=30)
+    assert orphan.status_code == 400 and orphan.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_a_streamed_response_is_stored_as_its_last_event_says(scripted):
+    base, _ = scripted
+    with httpx.stream("POST", f"{base}/v1/responses", json={"model": "glm-scripted", "input": QUESTION, "tools": TOOLS,
+                                                             "temperature": 0, "stream": True}, timeout=60) as reply:
+        data = [json.loads(line.removeprefix("data: ")) for line in reply.iter_lines() if line.startswith("data: ")]
+    final = data[-1]["response"]
+    assert data[-1]["type"] == "response.completed" and final["store"] is True
+    assert httpx.get(f"{base}/v1/responses/{final['id']}", timeout=30).json() == final
+
+
+def test_the_store_keeps_what_fits_and_drops_the_least_recently_used(tmp_path):
+    """--responses-store-mb bounds the store: the oldest responses go first (one read keeps its
+    own), and 0 keeps none."""
+    model_dir = scripted_model.write(tmp_path / "glm-scripted")
+    with running_server("--model", str(model_dir), "--responses-store-mb", "0.0058") as (base, _):  # four of ~1.4 KB
+        def kept(response_id: str) -> bool:
+            return httpx.get(f"{base}/v1/responses/{response_id}", timeout=30).status_code == 200
+
+        ids = [create(base, model="glm-scripted", input=f"Question {i}?", temperature=0)["id"] for i in range(4)]
+        assert kept(ids[0])  # read: now the most recently used, and ids[1] the least
+        ids.append(create(base, model="glm-scripted", input="Question 4?", temperature=0)["id"])
+        assert [kept(i) for i in ids] == [True, False, True, True, True]
+    with running_server("--model", str(model_dir), "--responses-store-mb", "0") as (base, _):
+        reply = create(base, model="glm-scripted", input=QUESTION, temperature=0)
+        assert reply["store"] is False and httpx.get(f"{base}/v1/responses/{reply['id']}", timeout=30).status_code == 404

@@ -50,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--kv-dtype", choices=["f16", "f32", "fp8"], default="f16",
                         help="what the KV cache stores: f16 (default), f32 (the exact reference's numbers, twice the"
                              " memory) or fp8 (e4m3, GPUs of sm_89 and later; a quarter of f32's memory, less exact)")
+    parser.add_argument("--responses-store-mb", type=float, default=256.0,
+                        help="memory for the Responses API's stored responses (previous_response_id, GET /v1/responses/ID),"
+                             " least recently used dropped first; 0 keeps none (default 256)")
     parser.add_argument("--keep-serving", action="store_true",
                         help="when the model fails to load, keep serving /health (503 with the cause) instead of exiting 1")
     return parser.parse_args(argv)
@@ -74,11 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_body_mb <= 0:
         print("error: --max-body-mb must be positive", file=sys.stderr)
         return 2
+    if args.responses_store_mb < 0:
+        print("error: --responses-store-mb must not be negative", file=sys.stderr)
+        return 2
     config = ServerConfig(model_dir=str(model_dir), model_name=args.model_name or model_dir.name, api_key=args.api_key,
                           backend=args.backend, max_seqs=args.max_seqs, ctx=args.ctx, kv_tokens=args.kv_tokens,
                           rows_max=args.rows_max,
                           tp_world=args.tp_world, tp_master=args.tp_master if args.tp_world > 1 else None,
-                          max_body_mb=args.max_body_mb, prefix_cache=not args.no_prefix_cache, kv_dtype=args.kv_dtype)
+                          max_body_mb=args.max_body_mb, prefix_cache=not args.no_prefix_cache, kv_dtype=args.kv_dtype,
+                          responses_store_mb=args.responses_store_mb)
     print(f"trellisforge: serving {config.model_name} from {model_dir} ({args.backend}) on http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
     app = create_app(config)

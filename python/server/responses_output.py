@@ -20,9 +20,12 @@ class Items:
     """The response's output items and the events that made them, fed with a chat choice's deltas
     (generation.ChoiceState chunks) in order."""
 
-    def __init__(self, body, model_name: str):
-        """`body`: the ResponsesRequest, echoed in the response object as OpenAI does."""
+    def __init__(self, body, model_name: str, store: bool):
+        """`body`: the ResponsesRequest, echoed in the response object as OpenAI does; `store`:
+        whether the response will be kept (its `store` field)."""
         self.body = body
+        self.store = store
+        self.final: dict | None = None  # the response object finish() or failed() ended on
         self.id = new_id("resp")
         self.model = model_name
         self.created_at = int(time.time())
@@ -46,8 +49,8 @@ class Items:
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "model": self.model,
             "output": [dict(item) for item in self.output], "error": error, "incomplete_details": incomplete,
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens, "metadata": b.metadata or {},
-            "parallel_tool_calls": b.parallel_tool_calls is not False, "previous_response_id": None,
-            "reasoning": {"effort": effort, "summary": None} if b.reasoning is not None else None, "store": False,
+            "parallel_tool_calls": b.parallel_tool_calls is not False, "previous_response_id": b.previous_response_id,
+            "reasoning": {"effort": effort, "summary": None} if b.reasoning is not None else None, "store": self.store,
             "temperature": b.temperature, "top_p": b.top_p, "tool_choice": b.tool_choice or "auto", "tools": b.tools or [],
             "text": {"format": (b.text.format if b.text is not None and b.text.format else {"type": "text"})},
             "truncation": "disabled", "usage": usage, "user": b.user,
@@ -78,10 +81,12 @@ class Items:
             events += self._open_message()  # an answer with no text still has its (empty) message
         events += self._close(status)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
-        return events + [self.event(kind, response=self.response(status, usage))]
+        self.final = self.response(status, usage)
+        return events + [self.event(kind, response=self.final)]
 
     def failed(self, message: str) -> str:
-        return self.event("response.failed", response=self.response("failed", error={"code": "server_error", "message": message}))
+        self.final = self.response("failed", error={"code": "server_error", "message": message})
+        return self.event("response.failed", response=self.final)
 
     def _reasoning(self, text: str) -> list[str]:
         events = []

@@ -2,8 +2,9 @@
 chat request it runs as: `instructions` and the `input` items become chat messages (a reasoning
 item becomes the next assistant turn's reasoning_content, function calls and their outputs become
 tool calls and tool messages), function tools become chat tools, `text.format` the response_format,
-`reasoning.effort` the reasoning_effort. Nothing is stored, so `previous_response_id` and item
-references are refused; so are tools other than functions and input that is not text."""
+`reasoning.effort` the reasoning_effort. `previous_response_id` and item references are resolved
+from the stored responses (response_store.py) before; tools other than functions and input that is
+not text are refused."""
 from __future__ import annotations
 
 from typing import Any, Literal, Union
@@ -11,6 +12,7 @@ from typing import Any, Literal, Union
 from pydantic import Field, ValidationError
 
 from .errors import ApiError
+from .responses_output import new_id
 from .schemas import ChatCompletionRequest, Strict, StreamOptions
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -45,8 +47,9 @@ class ResponsesRequest(Strict):
     reasoning: Reasoning | None = None
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None
-    # Accepted, and cannot change the output here: nothing is stored, no built-in tool runs.
-    store: bool | None = None
+    store: bool | None = None  # default true, as OpenAI's
+    previous_response_id: str | None = None
+    # Accepted, and cannot change the output here: no built-in tool runs.
     metadata: dict[str, str] | None = None
     user: str | None = None
     safety_identifier: str | None = None
@@ -54,7 +57,6 @@ class ResponsesRequest(Strict):
     service_tier: str | None = None
     max_tool_calls: int | None = Field(default=None, ge=1)
     # Refused with a reason when set.
-    previous_response_id: str | None = None
     background: bool | None = None
     conversation: Union[str, dict[str, Any], None] = None
     # Beyond OpenAI's, as vLLM names them.
@@ -67,10 +69,9 @@ class ResponsesRequest(Strict):
 
 def as_chat(body: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request that runs `body` (raises ApiError naming the Responses field at fault)."""
-    for name, why in (("previous_response_id", "responses are not stored here: send the whole conversation in 'input'"),
-                      ("conversation", "conversations are not stored here: send the whole conversation in 'input'")):
-        if getattr(body, name) is not None:
-            raise ApiError(400, f"{name}: {why}", param=name, code="unsupported_parameter")
+    if body.conversation is not None:
+        raise ApiError(400, "conversation: conversations are not kept here: send 'previous_response_id' or the whole"
+                       " conversation in 'input'", param="conversation", code="unsupported_parameter")
     if body.background:
         raise ApiError(400, "background: responses run while the request is open here", param="background",
                        code="unsupported_parameter")
@@ -105,6 +106,16 @@ def as_chat(body: ResponsesRequest) -> ChatCompletionRequest:
 
 RESPONSES_NAMES = {"response_format": "text.format", "reasoning_effort": "reasoning.effort", "messages": "input",
                    "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens"}
+
+
+def input_items(body: ResponsesRequest) -> list[dict]:
+    """The request's input as items, each with an id (a string input is one user message), as the
+    store keeps them and GET /v1/responses/{id}/input_items lists them."""
+    if isinstance(body.input, str):
+        return [{"id": new_id("msg"), "type": "message", "role": "user", "content": [{"type": "input_text", "text": body.input}]}]
+    prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+    return [item if "id" in item else {"id": new_id(prefixes.get(item.get("type", "message"), "item")), **item}
+            for item in body.input]
 
 
 def messages(body: ResponsesRequest) -> list[dict]:
@@ -153,9 +164,6 @@ def messages(body: ResponsesRequest) -> list[dict]:
             output = item.get("output")
             text = output if isinstance(output, str) else content_text(output, f"{where}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
-        elif kind == "item_reference":
-            raise ApiError(400, f"{where}: item references need stored items, and nothing is stored here: send the item itself",
-                           param=where, code="unsupported_parameter")
         else:
             raise ApiError(400, f"{where}.type: items of type {kind!r} are not supported here (message, reasoning, function_call,"
                            " function_call_output are)", param=f"{where}.type", code="unsupported_value")

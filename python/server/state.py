@@ -17,6 +17,7 @@ from trellisforge.tokenizer import Tokenizer
 from .errors import ApiError
 from .metrics import Metrics
 from .runtime import Runtime
+from .response_store import ResponseStore
 from .structured import Grammars
 
 log = logging.getLogger("trellisforge")
@@ -37,6 +38,7 @@ class ServerConfig:
     max_body_mb: float = 8.0
     prefix_cache: bool = True
     kv_dtype: str = "f16"
+    responses_store_mb: float = 256.0  # the Responses API's stored responses (0: none kept)
 
 
 class State:
@@ -50,6 +52,7 @@ class State:
         self.load_error: str | None = None
         self.ready = threading.Event()
         self.created = int(time.time())
+        self.responses = ResponseStore(int(config.responses_store_mb * (1 << 20)))
         # Called (from the loading thread) when the model cannot load: __main__ stops the server.
         self.on_load_failure: Callable[[str], None] | None = None
 
