@@ -201,6 +201,8 @@ def test_a_second_turn_by_previous_response_id_is_the_whole_conversation(scripte
                                                            {"type": "item_reference", "id": call["id"]}, answer],
                         tools=TOOLS, temperature=0)
     assert referenced["usage"]["input_tokens"] == whole["usage"]["input_tokens"]
+    named = client.responses.input_items.list(referenced["id"], order="asc").data
+    assert [(item.type, item.id) for item in named[1:3]] == [("reasoning", reasoning["id"]), ("function_call", call["id"])]
 
     assert httpx.get(f"{base}/v1/responses/{chained['id']}", timeout=30).json() == chained
     assert client.responses.retrieve(first["id"]).output[1].call_id == call["call_id"]

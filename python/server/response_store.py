@@ -79,19 +79,20 @@ class ResponseStore:
         before = self.history(entry.previous) if entry.previous is not None else []
         return None if before is None else before + entry.input
 
-    def expand(self, previous: str | None, input_items: list[dict]) -> list[dict]:
-        """The whole conversation a request continues: the stored history of `previous`, then its
-        own items with every item_reference replaced by the stored item."""
+    def continued(self, previous: str) -> list[dict]:
+        """The conversation a request with `previous_response_id` continues (ApiError when gone)."""
+        history = self.history(previous)
+        if history is None:
+            raise ApiError(400, f"previous_response_id: response '{previous}' is not stored here (store was false, it was"
+                           " deleted or evicted, or the server restarted): send the whole conversation in 'input'",
+                           param="previous_response_id", code="previous_response_not_found")
+        return history
+
+    def resolve(self, input_items: list[dict]) -> list[dict]:
+        """`input_items` with every item_reference replaced by the stored item it names."""
         items = []
-        if previous is not None:
-            history = self.history(previous)
-            if history is None:
-                raise ApiError(400, f"previous_response_id: response '{previous}' is not stored here (store was false, it was"
-                               " deleted or evicted, or the server restarted): send the whole conversation in 'input'",
-                               param="previous_response_id", code="previous_response_not_found")
-            items += history
         for i, item in enumerate(input_items):
-            if isinstance(item, dict) and item.get("type") == "item_reference":
+            if item.get("type") == "item_reference":
                 with self._lock:
                     found = self._items.get(item.get("id")) if isinstance(item.get("id"), str) else None
                 if found is None:

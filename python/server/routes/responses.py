@@ -28,15 +28,15 @@ log = logging.getLogger("trellisforge")
 async def responses(body: ResponsesRequest, request: Request):
     state = request.app.state.trellisforge
     state.require_ready(body.model)
-    own = input_items(body)
-    whole = state.responses.expand(body.previous_response_id, own)
+    own = state.responses.resolve(input_items(body))
+    history = state.responses.continued(body.previous_response_id) if body.previous_response_id else []
     try:
-        chat = as_chat(body.model_copy(update={"input": whole}))
+        chat = as_chat(body.model_copy(update={"input": history + own}))
         plan = await chat_plan(state, chat)
         handles, prompt_tokens = await start(state, chat, plan)
     except ApiError as error:  # the chat request's names for the Responses request's fields
         if error.param:
-            error.param = responses_param(error.param, len(whole) - len(own))
+            error.param = responses_param(error.param, len(history))
         raise
     store = body.store is not False and state.responses.capacity > 0
     items = Items(body, state.config.model_name, store)
