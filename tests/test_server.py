@@ -204,3 +204,9 @@ def test_api_key():
         right = openai.OpenAI(base_url=f"{base}/v1", api_key="sesame", max_retries=0)
         assert right.completions.create(model="glm-tiny", prompt="hi", max_tokens=1).choices[0].text is not None
         assert httpx.get(f"{base}/health").status_code == 200
+        # A stored response is read and deleted with the key only.
+        stored = right.responses.create(model="glm-tiny", input="hi", max_output_tokens=1).id
+        for method in ("GET", "DELETE"):
+            for path in (f"/v1/responses/{stored}", f"/v1/responses/{stored}/input_items"):
+                assert httpx.request(method, f"{base}{path}").status_code == 401
+        assert right.responses.retrieve(stored).id == stored
