@@ -1,10 +1,12 @@
-"""The API key on /v1/*, as a plain ASGI middleware: Starlette's BaseHTTPMiddleware (what
+"""The API key on /v1/* (and /tokenize, /detokenize), as a plain ASGI middleware: Starlette's BaseHTTPMiddleware (what
 `@app.middleware("http")` builds) hides a client's disconnect from the endpoint below it."""
 from __future__ import annotations
 
 import secrets
 
 from .errors import error_response
+
+KEYED = ("/tokenize", "/detokenize")  # beside /v1/*: they run the tokenizer and the chat template
 
 
 class ApiKey:
@@ -13,7 +15,7 @@ class ApiKey:
         self.key = key.encode() if key else None
 
     async def __call__(self, scope, receive, send):
-        if self.key is None or scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if self.key is None or scope["type"] != "http" or not (scope["path"].startswith("/v1/") or scope["path"] in KEYED):
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         token = header[7:] if header[:7].lower() == b"bearer " else b""
