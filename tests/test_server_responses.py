@@ -193,6 +193,9 @@ def test_a_second_turn_by_previous_response_id_is_the_whole_conversation(scripte
                                                       answer], tools=TOOLS, temperature=0, store=False)
     chained = create(base, model="glm-scripted", previous_response_id=first["id"], input=[answer], tools=TOOLS, temperature=0)
     assert chained["previous_response_id"] == first["id"]
+    wrong = httpx.post(f"{base}/v1/responses", json={"model": "glm-scripted", "previous_response_id": first["id"],
+                                                     "input": [answer, {"role": "robot", "content": "hi"}]}, timeout=30)
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "input.1.role"  # counted in its own input
     assert chained["usage"]["input_tokens"] == whole["usage"]["input_tokens"] > first["usage"]["input_tokens"]
     assert [(i["type"], i.get("content"), i.get("arguments")) for i in chained["output"]] == \
            [(i["type"], i.get("content"), i.get("arguments")) for i in whole["output"]]
