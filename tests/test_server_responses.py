@@ -224,6 +224,12 @@ def test_a_second_turn_by_previous_response_id_is_the_whole_conversation(scripte
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
     deleted = httpx.delete(f"{base}/v1/responses/{first['id']}", timeout=30)
     assert deleted.json() == {"id": first["id"], "object": "response.deleted", "deleted": True}
+    # The call item is still held by the response that named it, so it may still be named.
+    again = create(base, model="glm-scripted", input=[{"type": "message", "role": "user", "content": QUESTION},
+                                                      {"type": "item_reference", "id": reasoning["id"]},
+                                                      {"type": "item_reference", "id": call["id"]}, answer],
+                   tools=TOOLS, temperature=0, store=False)
+    assert again["usage"]["input_tokens"] == whole["usage"]["input_tokens"]
     assert httpx.get(f"{base}/v1/responses/{first['id']}", timeout=30).status_code == 404
     assert httpx.delete(f"{base}/v1/responses/{first['id']}", timeout=30).status_code == 404
     orphan = httpx.post(f"{base}/v1/responses", json={"model": "glm-scripted", "previous_response_id": chained["id"],

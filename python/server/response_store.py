@@ -27,7 +27,9 @@ class ResponseStore:
         self.capacity = capacity_bytes
         self.used = 0
         self._entries: collections.OrderedDict[str, Stored] = collections.OrderedDict()
-        self._items: dict[str, dict] = {}  # an item id -> the item, for every stored item that has one
+        # An item id -> the item and how many stored responses hold it (a referenced item is held by
+        # its own response and by each one that named it).
+        self._items: dict[str, tuple[dict, int]] = {}
         self._lock = threading.Lock()  # streamed responses are stored from their generators
 
     def put(self, response: dict, input_items: list[dict], previous: str | None) -> bool:
@@ -42,7 +44,8 @@ class ResponseStore:
             self.used += size
             for item in input_items + response["output"]:
                 if isinstance(item.get("id"), str):
-                    self._items[item["id"]] = item
+                    held = self._items.get(item["id"], (item, 0))[1]
+                    self._items[item["id"]] = (item, held + 1)
         return True
 
     def get(self, response_id: str) -> dict | None:
@@ -94,7 +97,7 @@ class ResponseStore:
         for i, item in enumerate(input_items):
             if item.get("type") == "item_reference":
                 with self._lock:
-                    found = self._items.get(item.get("id")) if isinstance(item.get("id"), str) else None
+                    found = self._items.get(item.get("id"), (None,))[0] if isinstance(item.get("id"), str) else None
                 if found is None:
                     raise ApiError(400, f"input.{i}: item '{item.get('id')}' is not stored here: send the item itself",
                                    param=f"input.{i}", code="item_not_found")
@@ -112,5 +115,9 @@ class ResponseStore:
         entry = self._entries.pop(response_id)
         self.used -= entry.size
         for item in entry.input + entry.response["output"]:
-            if isinstance(item.get("id"), str) and self._items.get(item["id"]) is item:
-                del self._items[item["id"]]
+            if isinstance(item.get("id"), str) and item["id"] in self._items:
+                kept, held = self._items[item["id"]]
+                if held > 1:
+                    self._items[item["id"]] = (kept, held - 1)
+                else:
+                    del self._items[item["id"]]
