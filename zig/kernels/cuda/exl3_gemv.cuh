@@ -28,36 +28,36 @@ namespace tf {
 constexpr int kGemvUnroll = 8;
 
 // The rotated inputs of a k split in shared memory: `rows` rows of fp16 high parts at hi, low parts
-// at lo, `pitch` halves apart (x[0] is input channel 16·first), and 16 zero bytes at `zero` that
-// ldmatrix reads for rows past `rows`.
+// at lo, `pitch` halves apart (x[0] is input channel 16·first).
 struct GemvPlanes {
     const half* hi;
     const half* lo;
     int pitch;
     int rows;
-    const half* zero;
 };
 
 // The accumulators of one warp: d[j] is the n8 block of rows 8j..8j+7; lane (g, q) = (lane/4, lane%4)
 // holds columns g and g + 8 of the tile column for rows 8j + 2q and 8j + 2q + 1:
 // d[j] = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)}.
+//
+// An n8 block's rows past `rows` read the last live row: their products land in accumulators no one
+// stores (each D element comes from its own column), and every lane's ldmatrix address then steps by
+// the same 16 halves a tile, offsets the unrolled tile loop folds into its loads (a zero row with a
+// step of 0 cost a select and an add a tile, cuobjdump).
 template <int R>
 struct GemvMma {
     static constexpr int kBlocks = (R + 7) / 8;
     float d[kBlocks][4];
     const half* source[kBlocks];  // this lane's ldmatrix row at tile 0
-    int step[kBlocks];            // halves per tile (0 for the zero row)
     int rows;
 
     __device__ __forceinline__ GemvMma(const GemvPlanes& x, int lane) : rows(x.rows) {
 #pragma unroll
         for (int j = 0; j < kBlocks; ++j) {
             // ldmatrix.x4: lanes 8i..8i+7 give the rows of matrix i = (hi k0-7, hi k8-15, lo k0-7, lo k8-15).
-            const int row = 8 * j + lane % 8;
+            const int row = min(8 * j + lane % 8, x.rows - 1);
             const half* plane = lane >= 16 ? x.lo : x.hi;
-            const bool live = row < x.rows;
-            source[j] = live ? plane + row * x.pitch + 8 * ((lane / 8) % 2) : x.zero;
-            step[j] = live ? 16 : 0;
+            source[j] = plane + row * x.pitch + 8 * ((lane / 8) % 2);
 #pragma unroll
             for (int i = 0; i < 4; ++i) d[j][i] = 0.f;
         }
@@ -68,9 +68,11 @@ struct GemvMma {
         const uint32_t a[4] = {pack_halves(w[0], w[1]), pack_halves(w[4], w[5]), pack_halves(w[2], w[3]), pack_halves(w[6], w[7])};
 #pragma unroll
         for (int j = 0; j < kBlocks; ++j) {
-            if (8 * j >= rows) break;
+            // Block 0 always holds a row: testing it too cost the grouped loop a branch and its
+            // ldmatrix offsets a tile (cuobjdump: 503 -> 455 instructions per 8 tiles, 3-bit).
+            if (j > 0 && 8 * j >= rows) break;
             uint32_t b[4];
-            ldmatrix_x4(b, source[j] + tile * step[j]);
+            ldmatrix_x4(b, source[j] + 16 * tile);
             const uint32_t high[2] = {b[0], b[1]};
             const uint32_t low[2] = {b[2], b[3]};
             mma_16816(d[j], a, high);
@@ -87,6 +89,13 @@ __device__ __forceinline__ uint32_t load_ring(const uint32_t* p) {
     else return __ldg(p);
 }
 
+// The same for a lane's two words of a tile (8-byte aligned: a tile is 4·bits2 words, an even count).
+template <int R>
+__device__ __forceinline__ uint2 load_ring_pair(const uint32_t* p) {
+    if constexpr (R == 1) return __ldcs(reinterpret_cast<const uint2*>(p));
+    else return __ldg(reinterpret_cast<const uint2*>(p));
+}
+
 // K integer 1..8, CB the codebook. `ring` points at the tile column's first tile (tile row 0);
 // consecutive tile rows are `row_stride` uint32 words apart; the split covers tile rows first..last-1.
 template <int K, int CB, int R>
@@ -94,34 +103,47 @@ __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ri
                                                  GemvMma<R>& acc) {
     constexpr int kRingWords = 8 * K;
     constexpr int kTwoLoads = kRingWords > 32;
+    constexpr bool kPairs = R == 1 && kTwoLoads;
+    constexpr bool kPlus32 = R > 1 && kTwoLoads;
     const LaneWindow<K> window(lane);
     const auto decode_tile = [&](uint32_t word_a, uint32_t word_b, int tile_row) {
         half w[8];
-        decode_lane<K, CB>(word_a, word_b, window, w);
+        decode_lane<K, CB, kPairs>(word_a, word_b, window, w);
         acc.add(w, tile_row - first);
     };
 
     // One pointer stepped a tile row at a time: the 64-bit row · stride product per load cost ~8
-    // instructions, 1 per weight (cuobjdump).
-    const uint32_t* tile = ring + static_cast<size_t>(first) * row_stride + lane;
-    const bool has_a = lane < kRingWords;
-    const bool has_b = kTwoLoads && lane + 32 < kRingWords;
+    // instructions, 1 per weight (cuobjdump). Every lane loads: a lane past the ring's words reads
+    // some again within the same load (the same sectors, one request) and no shuffle takes them; a
+    // predicated load and its zero cost an instruction a tile. Two words a lane (K >= 5): one row
+    // loads them as a 64-bit pair (a second load's lanes past the ring read a third of a 6-bit tile
+    // again in requests of their own, and the lm_head's GEMV took 13% longer on an H100; predicated
+    // instead, it spilled at sm_90's 40 registers); rows that share the tiles (R > 1) take the
+    // second at +32 from the first, predicated: one address a tile serves both.
+    const uint32_t* tile = ring + static_cast<size_t>(first) * row_stride + (kPairs ? 2 * (lane % (kRingWords / 2)) : kPlus32 ? lane : lane % kRingWords);
+    const bool has_b = kPlus32 && lane + 32 < kRingWords;
+    const auto load_words = [&](uint32_t& a, uint32_t& b) {
+        if constexpr (kPairs) {
+            const uint2 pair = load_ring_pair<R>(tile);
+            a = pair.x;
+            b = pair.y;
+        } else {
+            a = load_ring<R>(tile);
+            b = has_b ? load_ring<R>(tile + 32) : 0u;
+        }
+        tile += row_stride;
+    };
     int tile_row = first;
     for (; tile_row + kGemvUnroll <= last; tile_row += kGemvUnroll) {
         uint32_t a[kGemvUnroll], b[kGemvUnroll];
 #pragma unroll
-        for (int u = 0; u < kGemvUnroll; ++u) {
-            a[u] = has_a ? load_ring<R>(tile) : 0u;
-            b[u] = has_b ? load_ring<R>(tile + 32) : 0u;
-            tile += row_stride;
-        }
+        for (int u = 0; u < kGemvUnroll; ++u) load_words(a[u], b[u]);
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; ++u) decode_tile(a[u], b[u], tile_row + u);
     }
     for (; tile_row < last; ++tile_row) {
-        const uint32_t a = has_a ? load_ring<R>(tile) : 0u;
-        const uint32_t b = has_b ? load_ring<R>(tile + 32) : 0u;
-        tile += row_stride;
+        uint32_t a, b;
+        load_words(a, b);
         decode_tile(a, b, tile_row);
     }
 }

@@ -22,6 +22,13 @@ __device__ __forceinline__ uint32_t ring_word(uint32_t word_a, uint32_t word_b, 
     return index < 32 ? from_a : from_b;
 }
 
+// The same where lane i holds words 2i and 2i + 1 (one 64-bit load a tile) in (word_a, word_b).
+__device__ __forceinline__ uint32_t ring_word_paired(uint32_t word_a, uint32_t word_b, int index) {
+    const uint32_t even = __shfl_sync(0xFFFFFFFFu, word_a, index / 2);
+    const uint32_t odd = __shfl_sync(0xFFFFFFFFu, word_b, index / 2);
+    return index % 2 == 0 ? even : odd;
+}
+
 // Where a lane's window starts: computed once per kernel, outside the tile loops.
 template <int K>
 struct LaneWindow {
@@ -34,8 +41,9 @@ struct LaneWindow {
     }
 };
 
-// Ring words 0..8K−1 of the tile: lane i holds word i in word_a and word i + 32 in word_b.
-template <int K, int CB>
+// Ring words 0..8K−1 of the tile: lane i holds word i in word_a and word i + 32 in word_b, or with
+// kPairs (K >= 5) words 2i and 2i + 1.
+template <int K, int CB, bool kPairs = false>
 __device__ __forceinline__ void decode_lane(uint32_t word_a, uint32_t word_b, LaneWindow<K> window, half (&w)[8]) {
     constexpr int kRingWords = 8 * K;  // 256·K bits
     constexpr int kTwoLoads = kRingWords > 32;
@@ -47,7 +55,9 @@ __device__ __forceinline__ void decode_lane(uint32_t word_a, uint32_t word_b, La
     for (int j = 0; j < kWords; ++j) {
         int index = window.first_word + j;
         if (index >= kRingWords) index -= kRingWords;
-        words[j] = kTwoLoads ? ring_word(word_a, word_b, index) : __shfl_sync(0xFFFFFFFFu, word_a, index);
+        words[j] = kPairs      ? ring_word_paired(word_a, word_b, index)
+                   : kTwoLoads ? ring_word(word_a, word_b, index)
+                               : __shfl_sync(0xFFFFFFFFu, word_a, index);
     }
     words[kWords] = 0u;
     uint32_t aligned[kAligned + 1];

@@ -198,7 +198,6 @@ template <int R>
 struct LinearInputs {
     __align__(16) half hi[R][kPlanePitch];
     __align__(16) half lo[R][kPlanePitch];
-    __align__(16) half zero[8];
 };
 
 // One block's work for `rows` items (item_sh[0..rows)) of `layer`: 128 columns `chunk`, k split
@@ -213,7 +212,6 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
     const int last = min(a.k_p / 16, first + a.split_tiles);
     const int chunks = (last - first) * 16 / kHadamard;
 
-    if (threadIdx.x < 8) xs.zero[threadIdx.x] = __ushort_as_half(0);
     for (int task = warp; task < rows * chunks; task += kLinearWarps) {
         const int r = task / chunks;
         const int c = task % chunks;
@@ -243,7 +241,7 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
     const int tile_column = chunk * kLinearWarps + warp;
     const size_t row_stride = static_cast<size_t>(a.n_p / 16) * 4 * a.bits2;  // uint32 words per tile row
     const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * a.bits2;
-    tf::GemvMma<R> acc(tf::GemvPlanes{&xs.hi[0][0], &xs.lo[0][0], kPlanePitch, rows, xs.zero}, lane);
+    tf::GemvMma<R> acc(tf::GemvPlanes{&xs.hi[0][0], &xs.lo[0][0], kPlanePitch, rows}, lane);
     tf::gemv_tiles<R>(ring, row_stride, first, last, a.bits2, a.codebook, lane, acc);
 #pragma unroll
     for (int j = 0; j < tf::GemvMma<R>::kBlocks; ++j)
@@ -376,17 +374,18 @@ extern "C" __global__ void TF_PARTS_LINEAR_BOUNDS tf_exl3_parts_linear(const flo
 // The grouped path: block z takes group z of tf_exl3_group_items (blocks past the group count
 // return at once). Without `sorted_items` the items are plain layers' (item i: table entry
 // i / group_items, every item live), whose groups the sort would make are each entry's items in
-// order, in chunks of kGroupRows: computed here, so such a launch needs no sorting launch before it
+// order, in chunks of kRows: computed here, so such a launch needs no sorting launch before it
 // (4.4 us on the step timeline, three per layer at four streams).
-extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
-    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
-    const Exl3Layer* __restrict__ layers, const int* __restrict__ sorted_items, const int* __restrict__ group_first,
-    const int* __restrict__ group_count, const int* __restrict__ group_layer, const int* __restrict__ group_total,
-    float* __restrict__ partial, unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items,
-    int in_features, int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
+template <int kRows>
+__device__ __forceinline__ void group_linear(const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
+                                             const Exl3Layer* __restrict__ layers, const int* __restrict__ sorted_items,
+                                             const int* __restrict__ group_first, const int* __restrict__ group_count,
+                                             const int* __restrict__ group_layer, const int* __restrict__ group_total, float* __restrict__ partial,
+                                             unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
+                                             int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
     tf_wait_prior_grid();
-    __shared__ LinearInputs<kGroupRows> xs;
-    __shared__ int item_sh[kGroupRows];
+    __shared__ LinearInputs<kRows> xs;
+    __shared__ int item_sh[kRows];
     const int group = blockIdx.z;
     int rows, entry;
     if (sorted_items) {
@@ -395,19 +394,42 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(
         entry = group_layer[group];
         if (threadIdx.x < rows) item_sh[threadIdx.x] = sorted_items[group_first[group] + threadIdx.x];
     } else {
-        const int per_entry = (group_items + kGroupRows - 1) / kGroupRows;
+        const int per_entry = (group_items + kRows - 1) / kRows;
         entry = group / per_entry;
-        const int offset = (group % per_entry) * kGroupRows;
-        rows = min(kGroupRows, min(group_items, items - entry * group_items) - offset);  // the last entry may hold fewer
+        const int offset = (group % per_entry) * kRows;
+        rows = min(kRows, min(group_items, items - entry * group_items) - offset);  // the last entry may hold fewer
         if (rows <= 0) return;
         if (threadIdx.x < rows) item_sh[threadIdx.x] = entry * group_items + offset + threadIdx.x;
     }
     __syncthreads();
     const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
     const Exl3Layer layer = layers[entry];
-    linear_block<kGroupRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs, blockIdx.x, blockIdx.y,
-                             gridDim.y);
+    linear_block<kRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs, blockIdx.x, blockIdx.y, gridDim.y);
 }
+
+#define TF_GROUP_LINEAR_PARAMS                                                                                                              \
+    const float *__restrict__ x, const float *__restrict__ up, const int *__restrict__ source_rows, const Exl3Layer *__restrict__ layers, \
+        const int *__restrict__ sorted_items, const int *__restrict__ group_first, const int *__restrict__ group_count,                     \
+        const int *__restrict__ group_layer, const int *__restrict__ group_total, float *__restrict__ partial,                              \
+        unsigned int *__restrict__ counters, float *__restrict__ y, int items, int group_items, int in_features, int out_features, int k_p, \
+        int n_p, int bits2, int codebook, int split_tiles
+#define TF_GROUP_LINEAR_ARGS \
+    x, up, source_rows, layers, sorted_items, group_first, group_count, group_layer, group_total, partial, counters, y, items, group_items, \
+        in_features, out_features, k_p, n_p, bits2, codebook, split_tiles
+
+extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(TF_GROUP_LINEAR_PARAMS) {
+    group_linear<kGroupRows>(TF_GROUP_LINEAR_ARGS);
+}
+
+// Plain layers of at most 8 rows (a step of up to 8 streams): one n8 block of the products, where
+// the 16-row form issued the second block's ldmatrix and products predicated off each tile
+// (cuobjdump: 455 -> 417 instructions per 8 tiles, 3-bit), and half the shared planes, so four
+// blocks fit an SM (64 registers).
+extern "C" __global__ void __launch_bounds__(256, 4) tf_exl3_group_linear8(TF_GROUP_LINEAR_PARAMS) {
+    group_linear<8>(TF_GROUP_LINEAR_ARGS);
+}
+#undef TF_GROUP_LINEAR_PARAMS
+#undef TF_GROUP_LINEAR_ARGS
 
 // Items sorted by layer (ties by item index: a stable counting sort), cut into groups of at most
 // `group_size` items of one layer (16 for the GEMV's groups, 64 or 32 for the prompt kernels), in layer

@@ -16,7 +16,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention",              "tf_route",                "tf_moe_combine",             "tf_logits_summary",          "tf_attention_combine",
     "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
     "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
-    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",
+    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -95,6 +95,8 @@ pub fn exl3EntryBytes(k_p: usize, n_p: usize, bits2: u8) u64 {
 /// Items per group on the grouped path (kGroupRows in glm_forward.cu): one decoded tile serves up
 /// to this many items of the same layer.
 pub const group_rows = 16;
+/// The rows of tf_exl3_group_linear8's groups, for plain layers of that many rows or fewer.
+pub const group_rows_narrow = 8;
 /// The grouping kernel's bound on table entries (its shared counters).
 pub const group_layers_max = 1024;
 
@@ -247,7 +249,11 @@ pub const Kernels = struct {
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_exl3_group_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, layers)), @intCast(groupsMax(c.items, layers)) }, 256, ptrs);
+        // Plain layers of at most 8 rows a layer (steps of up to 8 streams) take the one-n8-block
+        // form: the same arithmetic per row, so the same bits.
+        const grid: [3]u32 = .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, layers)), @intCast(groupsMax(c.items, layers)) };
+        if (!sorted and group_items <= group_rows_narrow) return k.run("tf_exl3_group_linear8", grid, 256, ptrs);
+        try k.run("tf_exl3_group_linear", grid, 256, ptrs);
     }
 
     /// A warp per (row, output), 8 warps per block.
