@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -235,3 +236,26 @@ def test_the_choices_of_one_prompt_compute_it_once(server):
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
     assert texts[0] == texts[1]
+
+
+def test_requests_sharing_a_long_prefix_compute_it_once(server):
+    """Two requests at once over one long shared start (an agent's parallel calls with the same
+    system prompt; several 256-row chunks): the later waits for the earlier's prompt and maps every
+    full page they share from the prefix cache, where added beside it, it mapped only the chunks
+    done by then and computed the rest in the same steps. Each answer is the lone request's."""
+    base, client = server
+    shared = "An agent's long instructions, the same for every call it makes in parallel. " * 60
+    prompts = [shared + "First, list the files.", shared + "Second, read the longest one and say what it does."]
+    tokens = [Tokenizer(checkpoint_dir("3.0")).encode(p) for p in prompts]
+    common = next(i for i, (a, b) in enumerate(zip(*tokens)) if a != b)
+    assert common > 4 * 256
+    sampling = {"max_tokens": 8, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    before = prefix_hits(base)
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda p: client.completions.create(model="glm-tiny", prompt=p, **sampling), prompts))
+    cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in together)
+    assert cached == [0, common // 16 * 16]
+    assert prefix_hits(base) - before == common // 16 * 16
+    for prompt, response in zip(prompts, together):
+        assert response.choices[0].text == client.completions.create(model="glm-tiny", prompt=prompt, **sampling).choices[0].text
+

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 
 from trellisforge import Engine, Sampling, TrellisError
+from trellisforge.engine import PAGE_TOKENS
 
 IDLE_WAIT_S = 0.5
 
@@ -40,6 +41,7 @@ class _Subscriber:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     constraint: object | None
+    tokens: list[int] = dataclasses.field(default_factory=list)  # the prompt, while it is computed
     prompt_done: bool = False
 
 
@@ -74,7 +76,9 @@ class Runtime:
         engine's TrellisError for a request it refuses. With a constraint, every token is sampled
         under its grammar (`sampling` must then be constrained). With `after` (a sequence with the
         same prompt), the sequence enters the engine once that one's prompt is computed, so the
-        prefix cache serves its full pages rather than both computing them in the same steps."""
+        prefix cache serves its full pages rather than both computing them in the same steps.
+        Without it, a prompt that shares at least half of a running prompt's pages waits for that
+        one likewise (_sharing_leader)."""
         if not self.alive:
             raise RuntimeError(self.failure or "the engine is not running")
         assert (constraint is not None) == sampling.constrained
@@ -124,6 +128,8 @@ class Runtime:
 
     def _execute(self, command) -> None:
         if isinstance(command, _Add):
+            if command.after is None and self.stats.get("prefix_cache"):
+                command.after = self._sharing_leader(command.tokens)
             leader = self._subscribers.get(command.after) if command.after is not None else None
             if leader is not None and not leader.prompt_done:
                 self._followers.setdefault(command.after, []).append(command)
@@ -135,7 +141,7 @@ class Runtime:
             except TrellisError as error:
                 command.loop.call_soon_threadsafe(_settle, command.future, None, error)
                 return
-            self._subscribers[sequence_id] = _Subscriber(command.loop, command.events, command.constraint)
+            self._subscribers[sequence_id] = _Subscriber(command.loop, command.events, command.constraint, command.tokens)
             if command.constraint is not None and not self._constrain(sequence_id):
                 self._cancel_now(sequence_id)
                 command.loop.call_soon_threadsafe(_settle, command.future, None, TrellisError(self.mask_failure))
@@ -143,6 +149,21 @@ class Runtime:
             command.loop.call_soon_threadsafe(self._settle_add, command.future, sequence_id)
         elif command[0] == "cancel":
             self._cancel_now(command[1])
+
+    def _sharing_leader(self, tokens: list[int]) -> int | None:
+        """A live sequence still computing a prompt whose full pages `tokens` shares, when those
+        pages are at least half that prompt: waiting for it then mostly waits for work this prompt
+        would repeat beside it in the same steps, and the prefix cache maps the pages once it is
+        done (an agent's parallel requests over one long system prompt). A prompt sharing a little
+        of a long one starts at once. Of several, the one sharing the most."""
+        best, best_shared = None, 0
+        for sequence_id, subscriber in self._subscribers.items():
+            if subscriber.prompt_done:
+                continue
+            shared = _shared_pages(tokens, subscriber.tokens) * PAGE_TOKENS
+            if shared > best_shared and 2 * shared >= len(subscriber.tokens):
+                best, best_shared = sequence_id, shared
+        return best
 
     def _release_followers(self, leader: int) -> None:
         if self._stopping.is_set():
@@ -166,6 +187,7 @@ class Runtime:
                 continue
             subscriber.loop.call_soon_threadsafe(subscriber.events.put_nowait, event)
             subscriber.prompt_done = True
+            subscriber.tokens = []
             if event.finish_reason is not None:
                 del self._subscribers[event.sequence_id]
             elif subscriber.constraint is not None:
@@ -210,3 +232,17 @@ def _settle(future: asyncio.Future, value, error) -> None:
         future.set_exception(error)
     else:
         future.set_result(value)
+
+
+def _shared_pages(a: list[int], b: list[int]) -> int:
+    """Full pages at the start of both token lists: a binary search over page-aligned prefixes,
+    compared as list slices (C speed; a prompt may be 100k tokens)."""
+    low, high = 0, min(len(a), len(b)) // PAGE_TOKENS
+    while low < high:
+        middle = (low + high + 1) // 2
+        end = middle * PAGE_TOKENS
+        if a[:end] == b[:end]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
