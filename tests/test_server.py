@@ -210,3 +210,10 @@ def test_api_key():
             for path in (f"/v1/responses/{stored}", f"/v1/responses/{stored}/input_items"):
                 assert httpx.request(method, f"{base}{path}").status_code == 401
         assert right.responses.retrieve(stored).id == stored
+        # Anthropic's clients send the key as x-api-key; their errors come in Anthropic's shape.
+        anthropic = {"model": "glm-tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+        refused = httpx.post(f"{base}/v1/messages", json=anthropic, headers={"x-api-key": "nope"})
+        assert refused.status_code == 401 and refused.json()["type"] == "error"
+        assert refused.json()["error"]["type"] == "authentication_error"
+        assert httpx.post(f"{base}/v1/messages", json=anthropic).status_code == 401
+        assert httpx.post(f"{base}/v1/messages", json=anthropic, headers={"x-api-key": "sesame"}, timeout=60).status_code == 200

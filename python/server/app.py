@@ -14,7 +14,7 @@ import trellisforge
 from . import errors
 from .auth import ApiKey
 from .body_limit import BodyLimit
-from .routes import chat, completions, models, responses, tokens
+from .routes import chat, completions, messages, models, responses, tokens
 from .state import ServerConfig, State
 
 __all__ = ["ServerConfig", "create_app"]
@@ -35,7 +35,7 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI
     app = FastAPI(title="TrellisForge", version=trellisforge.version(), lifespan=lifespan)
     app.state.trellisforge = state
     errors.install(app)
-    for module in (chat, completions, models, responses, tokens):
+    for module in (chat, completions, messages, models, responses, tokens):
         app.include_router(module.router)
     # The last added runs first: an oversized body is refused before the key is even read.
     app.add_middleware(ApiKey, key=config.api_key)

@@ -185,6 +185,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, delta: str) -> tuple[str, bool]:
         if self.stopped:
@@ -192,7 +193,7 @@ class StopMatcher:
         text = self._held + delta
         hits = [(text.find(s), s) for s in self.stops if s in text]
         if hits:
-            at = min(h[0] for h in hits)
+            at, self.matched = min(hits)
             self._held, self.stopped = "", True
             return text[:at], True
         keep = 0
