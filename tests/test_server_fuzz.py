@@ -1,6 +1,7 @@
 """A bounded fuzz pass over the request schema: hypothesis builds request bodies from the fields the
 API knows, with values of every JSON type, strings with lone surrogates among them (and a few unknown
-fields); no request may get a 500, and every error must be an OpenAI error body."""
+fields); no request may get a 500, and every error must be an OpenAI error body (under /v1/messages
+also Anthropic's, with its content blocks, tools and fields fuzzed the same way)."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,21 @@ FIELDS = {
     "presence_penalty": st.floats(-3, 3, allow_nan=False) | JSON_VALUES,
     "unknown_field": JSON_VALUES,
 }
+BLOCK = st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image", "bogus"]) | JSON_VALUES},
+                              optional={"text": TEXT | JSON_VALUES, "id": TEXT | JSON_VALUES, "name": TEXT | JSON_VALUES,
+                                        "input": JSON_VALUES, "tool_use_id": TEXT | JSON_VALUES, "content": TEXT | JSON_VALUES,
+                                        "thinking": TEXT | JSON_VALUES, "is_error": JSON_VALUES})
+ANTHROPIC_FIELDS = FIELDS | {
+    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "bogus"]) | JSON_VALUES,
+                                                "content": TEXT | st.lists(BLOCK, max_size=3) | JSON_VALUES}), max_size=3) | JSON_VALUES,
+    "system": TEXT | st.lists(BLOCK, max_size=2) | JSON_VALUES,
+    "stop_sequences": st.lists(TEXT, max_size=3) | JSON_VALUES,
+    "tools": st.lists(st.fixed_dictionaries({"name": TEXT | JSON_VALUES, "input_schema": JSON_VALUES},
+                                            optional={"type": TEXT | JSON_VALUES}), max_size=2) | JSON_VALUES,
+    "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "tool", "none"]) | JSON_VALUES},
+                                         optional={"name": TEXT | JSON_VALUES}) | JSON_VALUES,
+    "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"]) | JSON_VALUES}) | JSON_VALUES,
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +77,13 @@ def test_no_request_gets_a_500(base, endpoint, body):
     if response.status_code >= 400:
         error = response.json()["error"]
         assert isinstance(error["message"], str) and error["message"] and "type" in error
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({}, optional=ANTHROPIC_FIELDS) | JSON_VALUES)
+def test_no_messages_request_gets_a_500(base, body):
+    response = httpx.post(f"{base}/v1/messages", content=json.dumps(body), headers={"content-type": "application/json"}, timeout=60)
+    assert response.status_code < 500 or response.status_code == 503, response.text
+    if response.status_code >= 400:
+        out = response.json()
+        assert out["type"] == "error" and isinstance(out["error"]["message"], str) and out["error"]["message"]
