@@ -47,6 +47,11 @@ class MessagesRequest(BaseModel):
     container: Union[str, dict[str, Any], None] = None
 
 
+class CountTokensRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a request as it would be sent, max_tokens not needed."""
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
 def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
     """The chat request that runs `body` (raises ApiError naming the Messages field at fault)."""
     for name in ("mcp_servers", "container"):

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..cancellation import cancel_on_disconnect
 from ..messages_output import Blocks
-from ..messages_request import MessagesRequest, as_chat
+from ..messages_request import CountTokensRequest, MessagesRequest, as_chat
 from ..request_body import JsonRoute
 from ..serving import STREAM_HEADERS, finish_all, start
 from .chat import chat_plan
@@ -41,7 +41,7 @@ async def messages(body: MessagesRequest, request: Request):
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: MessagesRequest, request: Request):
+async def count_tokens(body: CountTokensRequest, request: Request):
     state = request.app.state.trellisforge
     state.require_ready(body.model)
     chat = as_chat(body)
