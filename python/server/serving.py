@@ -208,6 +208,35 @@ async def stream(state, handles, header, body, prompt_tokens: int, kind: str):
         state.metrics.requests.labels("cancelled" if pending else "failed" if failed else "completed").inc()
 
 
+async def one_choice_events(state, handle, request_id: str, builder):
+    """One choice's stream in another API's events (the Responses API's, Anthropic's): `builder`
+    gives start() events, feed(chunk) events per chat chunk, finish(choice) events at the end and
+    failed(message) one event when the engine failed under it. A client that leaves cancels the
+    sequence; the request is counted by how it ended."""
+    (choice, sequence_id, queue) = handle
+    ended = False
+    try:
+        for event in builder.start():
+            yield event
+        while not choice.done:
+            for chunk in choice.take(await queue.get(), state, choice.started):
+                for event in builder.feed(chunk):
+                    yield event
+        if choice.cancel_engine:
+            state.runtime.cancel(sequence_id)
+        ended = True
+        if choice.failure:
+            yield builder.failed(choice.failure)
+        else:
+            for event in builder.finish(choice):
+                yield event
+    finally:
+        if not ended:  # the client went away
+            state.runtime.cancel(sequence_id)
+            log.info("%s: the client left the stream; cancelled its sequence (499)", request_id)
+        state.metrics.requests.labels("failed" if choice.failure else "completed" if ended else "cancelled").inc()
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached}}

@@ -5,8 +5,6 @@ the OpenAI fields and add Anthropic's `"type": "error"` (errors.py), and the API
 `x-api-key` (auth.py)."""
 from __future__ import annotations
 
-import logging
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -14,11 +12,10 @@ from ..cancellation import cancel_on_disconnect
 from ..messages_output import Blocks
 from ..messages_request import CountTokensRequest, MessagesRequest, as_chat
 from ..request_body import JsonRoute
-from ..serving import STREAM_HEADERS, finish_all, start
+from ..serving import STREAM_HEADERS, finish_all, one_choice_events, start
 from .chat import chat_plan
 
 router = APIRouter(route_class=JsonRoute)
-log = logging.getLogger("trellisforge")
 
 
 @router.post("/v1/messages")
@@ -30,7 +27,8 @@ async def messages(body: MessagesRequest, request: Request):
     handles, prompt_tokens = await start(state, chat, await chat_plan(state, chat))
     blocks = Blocks(state.config.model_name, prompt_tokens)
     if body.stream:
-        return StreamingResponse(events(state, handles, blocks), media_type="text/event-stream", headers=STREAM_HEADERS)
+        return StreamingResponse(one_choice_events(state, handles[0], blocks.id, _Streamed(blocks)), media_type="text/event-stream",
+                                 headers=STREAM_HEADERS)
     await finish_all(state, handles, blocks.id)
     (choice, _, _) = handles[0]
     blocks.cached_tokens = choice.cached_tokens
@@ -49,28 +47,13 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     return {"input_tokens": len(tokens)}
 
 
-async def events(state, handles, blocks: Blocks):
-    (choice, sequence_id, queue) = handles[0]
-    ended = False
-    try:
-        for event in blocks.start():
-            yield event
-        while not choice.done:
-            item = await queue.get()
-            for chunk in choice.take(item, state, choice.started):
-                for event in blocks.feed(chunk):
-                    yield event
-        if choice.cancel_engine:
-            state.runtime.cancel(sequence_id)
-        ended = True
-        if choice.failure:
-            yield Blocks.failed(choice.failure)
-        else:
-            blocks.cached_tokens = choice.cached_tokens
-            for event in blocks.finish(choice.finish_reason, choice.stops.matched, choice.tokens):
-                yield event
-    finally:
-        if not ended:  # the client went away
-            state.runtime.cancel(sequence_id)
-            log.info("%s: the client left the stream; cancelled its sequence (499)", blocks.id)
-        state.metrics.requests.labels("failed" if choice.failure else "completed" if ended else "cancelled").inc()
+class _Streamed:
+    """The Blocks of one streamed choice, as serving.one_choice_events drives them."""
+
+    def __init__(self, blocks: Blocks):
+        self.blocks = blocks
+        self.start, self.feed, self.failed = blocks.start, blocks.feed, blocks.failed
+
+    def finish(self, choice) -> list[str]:
+        self.blocks.cached_tokens = choice.cached_tokens
+        return self.blocks.finish(choice.finish_reason, choice.stops.matched, choice.tokens)

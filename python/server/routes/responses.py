@@ -16,7 +16,7 @@ from ..errors import ApiError
 from ..request_body import JsonRoute
 from ..responses_output import Items, usage
 from ..responses_request import RESPONSES_NAMES, ResponsesRequest, as_chat, input_items
-from ..serving import STREAM_HEADERS, finish_all, start
+from ..serving import STREAM_HEADERS, finish_all, one_choice_events, start
 from .chat import chat_plan
 
 router = APIRouter(route_class=JsonRoute)
@@ -41,8 +41,8 @@ async def responses(body: ResponsesRequest, request: Request):
     store = body.store is not False and state.responses.capacity > 0
     items = Items(body, state.config.model_name, store)
     if body.stream:
-        return StreamingResponse(events(state, handles, items, prompt_tokens, own), media_type="text/event-stream",
-                                 headers=STREAM_HEADERS)
+        return StreamingResponse(one_choice_events(state, handles[0], items.id, _Streamed(state, items, prompt_tokens, own)),
+                                 media_type="text/event-stream", headers=STREAM_HEADERS)
     await finish_all(state, handles, items.id)
     (choice, _, _) = handles[0]
     items.feed({"delta": {"reasoning_content": choice.reasoning, "content": choice.text,
@@ -109,30 +109,17 @@ def not_stored(response_id: str) -> ApiError:
                     " server restarted)", param="response_id", code="not_found")
 
 
-async def events(state, handles, items: Items, prompt_tokens: int, own: list[dict]):
-    (choice, sequence_id, queue) = handles[0]
-    ended = False
-    try:
-        for event in items.start():
-            yield event
-        while not choice.done:
-            for chunk in choice.take(await queue.get(), state, choice.started):
-                for event in items.feed(chunk):
-                    yield event
-        if choice.cancel_engine:
-            state.runtime.cancel(sequence_id)
-        ended = True
-        if choice.failure:
-            yield items.failed(choice.failure)
-        else:
-            for event in items.finish(choice.finish_reason, usage(prompt_tokens, choice, reasoning_tokens(state, choice))):
-                yield event
-            keep(state, items, own)
-    finally:
-        if not ended:  # the client went away
-            state.runtime.cancel(sequence_id)
-            log.info("%s: the client left the stream; cancelled its sequence (499)", items.id)
-        state.metrics.requests.labels("failed" if choice.failure else "completed" if ended else "cancelled").inc()
+class _Streamed:
+    """The Items of one streamed response, as serving.one_choice_events drives them; kept once done."""
+
+    def __init__(self, state, items: Items, prompt_tokens: int, own: list[dict]):
+        self.state, self.items, self.prompt_tokens, self.own = state, items, prompt_tokens, own
+        self.start, self.feed, self.failed = items.start, items.feed, items.failed
+
+    def finish(self, choice) -> list[str]:
+        events = self.items.finish(choice.finish_reason, usage(self.prompt_tokens, choice, reasoning_tokens(self.state, choice)))
+        keep(self.state, self.items, self.own)
+        return events
 
 
 def reasoning_tokens(state, choice) -> int:
