@@ -89,19 +89,18 @@ class Blocks:
         return events + [self.event("content_block_delta", index=len(self.content) - 1, delta=delta)]
 
     def _tool_use(self, call: dict) -> list[str]:
+        """A whole call (the parser gives calls whole): its block starts with an empty input, as
+        Anthropic's do, and its one input_json_delta carries the arguments."""
         self.space = ""  # GLM's newline before a tool call is no answer
-        arguments = call["function"]["arguments"] or "{}"
-        try:
-            value = json.loads(arguments)
-        except ValueError:
-            value = None
+        arguments = call["function"]["arguments"]  # the parser's arguments, a JSON object
         block = {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
-                 "input": value if isinstance(value, dict) else {}}
-        events = self._close() + self._add({**block, "input": {}})
-        self.content[-1] = block
-        events.append(self.event("content_block_delta", index=len(self.content) - 1,
-                                 delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
-        return events + self._close()
+                 "input": json.loads(arguments)}
+        events = self._close()
+        self.content.append(block)
+        index = len(self.content) - 1
+        return events + [self.event("content_block_start", index=index, content_block={**block, "input": {}}),
+                         self.event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": arguments}),
+                         self.event("content_block_stop", index=index)]
 
     def _add(self, block: dict) -> list[str]:
         self.content.append(block)

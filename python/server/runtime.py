@@ -158,10 +158,13 @@ class Runtime:
         of a long one starts at once. Of several, the one sharing the most."""
         best, best_shared = None, 0
         for sequence_id, subscriber in self._subscribers.items():
-            if subscriber.prompt_done:
+            # Cheap refusals first (this runs on the engine's thread at every add): a computed
+            # prompt, one more than twice as long, one whose first page differs.
+            leader = subscriber.tokens
+            if subscriber.prompt_done or len(leader) > 2 * len(tokens) or leader[:PAGE_TOKENS] != tokens[:PAGE_TOKENS]:
                 continue
-            shared = _shared_pages(tokens, subscriber.tokens) * PAGE_TOKENS
-            if shared > best_shared and 2 * shared >= len(subscriber.tokens):
+            shared = _shared_pages(tokens, leader) * PAGE_TOKENS
+            if shared > best_shared and 2 * shared >= len(leader):
                 best, best_shared = sequence_id, shared
         return best
 
