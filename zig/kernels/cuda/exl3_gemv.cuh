@@ -103,33 +103,30 @@ __device__ __forceinline__ void gemv_tiles_fixed(const uint32_t* __restrict__ ri
                                                  GemvMma<R>& acc) {
     constexpr int kRingWords = 8 * K;
     constexpr int kTwoLoads = kRingWords > 32;
-    constexpr bool kPairs = R == 1 && kTwoLoads;
-    constexpr bool kPlus32 = R > 1 && kTwoLoads;
     const LaneWindow<K> window(lane);
     const auto decode_tile = [&](uint32_t word_a, uint32_t word_b, int tile_row) {
         half w[8];
-        decode_lane<K, CB, kPairs>(word_a, word_b, window, w);
+        decode_lane<K, CB, kTwoLoads>(word_a, word_b, window, w);
         acc.add(w, tile_row - first);
     };
 
     // One pointer stepped a tile row at a time: the 64-bit row · stride product per load cost ~8
     // instructions, 1 per weight (cuobjdump). Every lane loads: a lane past the ring's words reads
     // some again within the same load (the same sectors, one request) and no shuffle takes them; a
-    // predicated load and its zero cost an instruction a tile. Two words a lane (K >= 5): one row
-    // loads them as a 64-bit pair (a second load's lanes past the ring read a third of a 6-bit tile
-    // again in requests of their own, and the lm_head's GEMV took 13% longer on an H100; predicated
-    // instead, it spilled at sm_90's 40 registers); rows that share the tiles (R > 1) take the
-    // second at +32 from the first, predicated: one address a tile serves both.
-    const uint32_t* tile = ring + static_cast<size_t>(first) * row_stride + (kPairs ? 2 * (lane % (kRingWords / 2)) : kPlus32 ? lane : lane % kRingWords);
-    const bool has_b = kPlus32 && lane + 32 < kRingWords;
+    // predicated load and its zero cost an instruction a tile. Two words a lane (K >= 5) come as
+    // one 64-bit pair, words 2i and 2i + 1 (a second load's lanes past the ring read a third of a
+    // 6-bit tile again in requests of their own, and the lm_head's GEMV took 13% longer on an
+    // H100; predicated at +32 instead, it spilled at sm_90's 40 registers for one row, and cost the
+    // grouped loops 19-74 instructions per 8 tiles more than the pairs, cuobjdump).
+    const uint32_t* tile = ring + static_cast<size_t>(first) * row_stride + (kTwoLoads ? 2 * (lane % (kRingWords / 2)) : lane % kRingWords);
     const auto load_words = [&](uint32_t& a, uint32_t& b) {
-        if constexpr (kPairs) {
+        if constexpr (kTwoLoads) {
             const uint2 pair = load_ring_pair<R>(tile);
             a = pair.x;
             b = pair.y;
         } else {
             a = load_ring<R>(tile);
-            b = has_b ? load_ring<R>(tile + 32) : 0u;
+            b = 0u;
         }
         tile += row_stride;
     };
