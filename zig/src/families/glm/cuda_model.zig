@@ -565,6 +565,7 @@ pub const GpuModel = struct {
     /// The logits of the wanted rows of model.normed (the final norm's output) and their summaries.
     pub fn head(model: *GpuModel, k: K.Kernels, wanted: usize) Error!void {
         const c = model.config;
+        std.debug.assert(!model.lm_head.absent()); // a TP worker's forwards want no logits
         switch (model.lm_head.kind) {
             .exl3 => try model.runLinear(k, &model.lm_head, model.normed, model.logits, wanted, model.logits_rows),
             .dense => |dense| {

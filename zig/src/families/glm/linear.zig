@@ -30,10 +30,14 @@ pub const Linear = struct {
     /// Frees the buffers and leaves an empty projection of the same shape, whose deinit is a
     /// no-op: a GPU rank's host copy goes once the device holds it (release.zig).
     pub fn release(linear: *Linear, gpa: std.mem.Allocator) void {
-        const in_features = linear.in_features;
-        const out_features = linear.out_features;
+        const shape = releasedShape(linear.in_features, linear.out_features);
         linear.deinit(gpa);
-        linear.* = .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = &no_floats, .bias = null } } };
+        linear.* = shape;
+    }
+
+    /// A released projection of this shape: one a rank never runs (a TP worker's lm_head).
+    pub fn releasedShape(in_features: usize, out_features: usize) Linear {
+        return .{ .in_features = in_features, .out_features = out_features, .kind = .{ .dense = .{ .weight = &no_floats, .bias = null } } };
     }
 
     pub fn released(linear: *const Linear) bool {

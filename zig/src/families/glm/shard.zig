@@ -7,10 +7,11 @@
 //!   in 128-channel units (gate/up by columns, down by rows), unevenly when the units are odd
 //!   (GLM-4.5-Air's 1408 = 11 units: 768 + 640);
 //! - norms, router, correction bias replicated; row-parallel biases on rank 0 only.
-//! - Embedding and lm_head replicated: every rank embeds its own tokens without a collective, and
-//!   rank 0 alone runs lm_head, so the logits need no gather; the cost is memory (GLM-4.5's 6-bit
-//!   lm_head is ~0.6 GB per node), which a 128 GB node affords, against a per-step all-gather of
-//!   151552 logits per row over the link.
+//! - Embedding replicated: every rank embeds its own tokens without a collective. lm_head whole on
+//!   rank 0, which alone runs it, so the logits need no gather (against a per-step all-gather of
+//!   151552 logits per row over the link); the other ranks keep only its shape, released
+//!   (Linear.release): a copy there was ~0.6 GB of GLM-4.5's 6-bit lm_head per node, host and
+//!   device, never read.
 //! The partial outputs of o_proj and of the whole FFN are summed across ranks (two all-reduces per
 //! layer), which is exact because the output Hadamard and svh are linear.
 const std = @import("std");
@@ -69,7 +70,7 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
     result.config.kda.heads = c.kda.heads / world;
     result.embedding = full.embedding;
     result.norm = full.norm;
-    result.lm_head = try cleanup.keep(try copyLinear(gpa, &full.lm_head));
+    result.lm_head = if (rank == 0) try cleanup.keep(try copyLinear(gpa, &full.lm_head)) else Linear.releasedShape(full.lm_head.in_features, full.lm_head.out_features);
     result.blocks = try arena.alloc(weights_mod.Block, full.blocks.len);
     const first = rank == 0;
     for (full.blocks, result.blocks) |*source, *target| {
@@ -288,4 +289,32 @@ fn copyLinear(gpa: std.mem.Allocator, linear: *const Linear) Error!Linear {
             .kind = .{ .dense = .{ .weight = try gpa.dupe(f32, dense.weight), .bias = if (dense.bias) |b| try gpa.dupe(f32, b) else null } },
         },
     };
+}
+
+test "rank 0 alone holds lm_head; the other ranks keep its shape" {
+    const gpa = std.testing.allocator;
+    var arena = std.heap.ArenaAllocator.init(gpa);
+    defer arena.deinit();
+    var diag: Diagnostic = .{};
+    const model = try core.config.ModelConfig.parse(arena.allocator(),
+        \\{"architectures":["Glm4MoeForCausalLM"],"hidden_size":256,"num_hidden_layers":2,
+        \\ "num_attention_heads":4,"num_key_value_heads":4,"head_dim":64,"intermediate_size":512,
+        \\ "moe_intermediate_size":256,"n_routed_experts":4,"num_experts_per_tok":2,"n_shared_experts":1,
+        \\ "first_k_dense_replace":1,"vocab_size":512,"partial_rotary_factor":0.5}
+    , &diag);
+    var full = try @import("synthetic.zig").generate(gpa, try Config.parse(&model, &diag), 3, 6, 5);
+    defer full.deinit(gpa);
+    try std.testing.expect(full.lm_head.kind == .exl3);
+    for (0..2) |rank| {
+        var weights = try shard(gpa, &full, 2, rank, &diag);
+        defer weights.deinit(gpa);
+        try std.testing.expectEqual(full.lm_head.in_features, weights.lm_head.in_features);
+        try std.testing.expectEqual(full.lm_head.out_features, weights.lm_head.out_features);
+        if (rank == 0) {
+            const words = std.mem.sliceAsBytes(weights.lm_head.kind.exl3.words);
+            try std.testing.expect(std.mem.eql(u8, std.mem.sliceAsBytes(full.lm_head.kind.exl3.words), words));
+        } else {
+            try std.testing.expect(weights.lm_head.released());
+        }
+    }
 }

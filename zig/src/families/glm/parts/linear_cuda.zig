@@ -27,6 +27,11 @@ pub const GpuLinear = struct {
         /// value of the checkpoint's came through exactly), else f32.
         dense: Dense,
     },
+
+    /// Uploaded from a released projection (uploadLinear): nothing on the device to run.
+    pub fn absent(linear: *const GpuLinear) bool {
+        return linear.kind == .dense and linear.kind.dense.weight == 0;
+    }
 };
 
 pub const Dense = struct { weight: Ptr, bias: Ptr, mma: bool, half: bool };
@@ -63,6 +68,13 @@ pub fn exl3Entry(model: *GpuModel, layer: *const exl3.Layer, out_features: usize
 }
 
 pub fn uploadLinear(model: *GpuModel, source: *const Linear, diag: *Diagnostic) Error!GpuLinear {
+    // A projection this rank never runs (a TP worker's lm_head: shard.zig) takes no device memory
+    // and no split sums; its null weight is what GpuLinear.absent tells.
+    if (source.released()) return .{
+        .in_features = source.in_features,
+        .out_features = source.out_features,
+        .kind = .{ .dense = .{ .weight = 0, .bias = 0, .mma = false, .half = false } },
+    };
     return .{
         .in_features = source.in_features,
         .out_features = source.out_features,
