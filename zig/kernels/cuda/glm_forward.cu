@@ -6,6 +6,7 @@
 // batch, and the tile and block sizes depend on the shape only, never on the number of rows.
 #include <cuda_fp16.h>
 #include "grid_dependency.cuh"
+#include "last_block.cuh"
 #include <stdint.h>
 
 #include "attention_prompt.cuh"
@@ -205,7 +206,7 @@ struct LinearInputs {
 template <int R>
 __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Layer& layer, const int* item_sh, int rows,
                                              unsigned int* __restrict__ counter, LinearInputs<R>& xs, int chunk, int split, int splits) {
-    __shared__ int last_block;
+    __shared__ bool last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     const int first = split * a.split_tiles;
@@ -254,15 +255,7 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
             out[8] = acc.d[j][2 + h];
         }
 
-    __threadfence();  // the partials are visible GPU-wide before the counter says so
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last_block = atomicAdd(counter, 1u) == static_cast<unsigned int>(splits - 1);
-        if (last_block) *counter = 0u;
-    }
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
+    if (!tf_last_block(counter, static_cast<unsigned int>(splits), &last_block)) return;
     for (int r = warp; r < rows; r += kLinearWarps) {
         const int item = item_sh[r];
         // A lane's four outputs as one float4 a split, eight splits' loads in flight at a time: one

@@ -2,6 +2,7 @@
 // glm_forward.cu, after the helpers it uses.
 #pragma once
 #include "grid_dependency.cuh"
+#include "last_block.cuh"
 #include "moe_combine.cuh"
 
 // ---- MoE ----
@@ -64,15 +65,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
             row_scratch[experts + e] = p + correction[e];
         }
     }
-    __threadfence();  // this block's logits are visible GPU-wide before the counter says so
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last_block = atomicAdd(counters + row, 1u) == gridDim.x - 1;
-        if (last_block) counters[row] = 0u;
-    }
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
+    if (!tf_last_block(counters + row, gridDim.x, &last_block)) return;
     for (int i = threadIdx.x; i < experts; i += blockDim.x) {
         probability[i] = __ldcg(row_scratch + i);
         choice[i] = __ldcg(row_scratch + experts + i);

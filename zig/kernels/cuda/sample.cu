@@ -23,6 +23,7 @@
 // in any order give the same bits: the same row and u give the same token.
 #include <stdint.h>
 #include "grid_dependency.cuh"
+#include "last_block.cuh"
 
 namespace {
 
@@ -149,20 +150,8 @@ __device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long
     return before + inclusive - v;
 }
 
-// Whether this block is the last of the job's launch to finish (its writes made visible first);
-// the last one resets the counter for the next launch and sees every block's writes.
-__device__ bool last_to_finish(State* state, bool* shared_flag) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        *shared_flag = atomicAdd(&state->counter, 1u) == gridDim.x - 1;
-        if (*shared_flag) state->counter = 0u;
-    }
-    __syncthreads();
-    if (!*shared_flag) return false;
-    __threadfence();
-    return true;
-}
+// Whether this block is the last of the job's launch to finish (last_block.cuh).
+__device__ bool last_to_finish(State* state, bool* shared_flag) { return tf_last_block(&state->counter, gridDim.x, shared_flag); }
 
 // This thread's run of consecutive token ids within span `span` (empty past the vocabulary).
 __device__ __forceinline__ void run_of(int span, int vocab, int* first, int* last) {
