@@ -221,18 +221,41 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     const int per = (tiles + kMlaSplits - 1) / kMlaSplits;  // split_range's
     const int tile_begin = split_first * per;
     const int tile_end = min(split_end * per, tiles);
-    // Lane l's cache element (row of the pool) of position l % 16 of tile c.
+    // Lane l's cache element (row of the pool) of position l % 16 of tile c, in two steps a tile's
+    // issue takes for later tiles: the table entry of its page (a load; a DSA pick before it, a
+    // load too) two tiles ahead (kLook), the element one ahead. The entry's load then has an iteration's
+    // work behind it: the element's multiply waiting on it, where one step took both, was 11% of
+    // the one-row 32k attention's stall samples (ncu, docs/measurements.md); the picks too, four
+    // tiles ahead, spilled the two-block form's 128 registers. 32 bits: a pool of 2^32 rows would
+    // be terabytes.
     const PageIndex pages(page_tokens);
-    // 32 bits: a pool of 2^32 rows would be terabytes.
-    const auto element_of = [&](int c) -> uint32_t {
+    struct Lookup {
+        uint32_t entry;
+        int offset;  // -1: past the count (element 0, a zero copy)
+    };
+    const auto lookup = [&](int c) -> Lookup {
         const int j = kMlaTile * c + lane % kMlaTile;
-        if (j >= count) return 0;
+        if (c >= tile_end || j >= count) return {0u, -1};
         const int p = sparse ? static_cast<int>(picks[j]) : j;
         const int page = pages.page(p);
-        const int offset = pages.offset(p, page);
-        return (table[page] * static_cast<uint32_t>(layers) + static_cast<uint32_t>(layer)) * static_cast<uint32_t>(page_tokens) + static_cast<uint32_t>(offset);
+        return {table[page], pages.offset(p, page)};
     };
-    uint32_t next_element = element_of(tile_begin);  // of the tile issued next
+    const auto element_of = [&](Lookup l) -> uint32_t {
+        if (l.offset < 0) return 0;
+        return (l.entry * static_cast<uint32_t>(layers) + static_cast<uint32_t>(layer)) * static_cast<uint32_t>(page_tokens) + static_cast<uint32_t>(l.offset);
+    };
+    // Before issue(c): next_element is tile c's, ahead[i] tile c + 1 + i's lookup. fp8 looks up
+    // each tile as the one before it issues (kLook 0): its exponents of the tiles in flight take
+    // the registers (128 in the two-block form) the lookups ahead would need.
+    constexpr int kLook = kFp8 ? 0 : 2;
+    Lookup ahead[kLook > 0 ? kLook : 1];
+    uint32_t next_element;
+    {
+        const Lookup now = lookup(tile_begin);
+#pragma unroll
+        for (int i = 0; i < kLook; ++i) ahead[i] = lookup(tile_begin + 1 + i);
+        next_element = element_of(now);
+    }
     // fp8: the exponents of the tiles in flight, oldest first (constant indices: registers); lane l
     // holds position l % 16's.
     int tile_exps[kAhead] = {};
@@ -262,7 +285,14 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         if constexpr (kFp8) tile_exps[slot] = t0 + lane % kMlaTile < count ? exps[next_element] : 0;
-        if (c + 1 < tile_end) next_element = element_of(c + 1);
+        if constexpr (kLook == 0) {
+            next_element = element_of(lookup(c + 1));
+        } else {
+            next_element = element_of(ahead[0]);
+#pragma unroll
+            for (int i = 0; i + 1 < kLook; ++i) ahead[i] = ahead[i + 1];
+            ahead[kLook - 1] = lookup(c + 1 + kLook);
+        }
     };
 #pragma unroll
     for (int c = 0; c < kAhead; ++c) issue(tile_begin + c, c);
