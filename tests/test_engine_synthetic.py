@@ -101,6 +101,19 @@ def test_the_engine_benchmark_runs_on_a_synthetic_model(capsys):
         assert float(row[7].rstrip("%")) == pytest.approx(100 * float(row[4]) / float(row[6]), abs=0.1)
 
 
+def test_the_engine_benchmark_says_when_its_streams_end_early(capsys):
+    """Streams that reach the context limit before the row's timed steps end: the row is still
+    printed, the ended streams are not cancelled (cancel would refuse them), and stderr says why."""
+    from trellisforge import bench_engine
+    bench_engine.main(["--synthetic", "tiny-2l", "--prompt-tokens", "12", "--decode-tokens", "12", "--decode-context", "40",
+                       "--ctx", "48", "--max-seqs", "4", "--sampled-streams", "0"])
+    captured = capsys.readouterr()
+    rows = [line.split() for line in captured.out.splitlines() if line.split()[:1] == ["decode"]]
+    assert [(r[0], int(r[1])) for r in rows] == [("decode", 1), ("decode", 4)]
+    assert "decode row of 4 stream(s): 4 ended before its last timed step (context 48 tokens" in captured.err
+    assert "raise --ctx or --max-seqs" in captured.err
+
+
 def test_the_layer_benchmark_runs_on_synthetic_models(capsys):
     from trellisforge import bench_layers
     bench_layers.main(["--synthetic", "tiny-2l", "tiny-3l", "--backend", "cpu", "--steps", "2"])

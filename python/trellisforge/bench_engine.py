@@ -139,22 +139,36 @@ def main(argv: list[str] | None = None) -> None:
         if sampling != "greedy":
             params = Sampling(max_tokens=budget, temperature=0.7, top_p=0.95, seed=1)
         ids = [engine.add(prompt[:args.decode_context], params, stop_token_ids=[]) for _ in range(streams)]
+        # A stream can end on its own (its context, or a KV pool too small for every stream's):
+        # it is not cancelled, and the row says it timed fewer streams.
+        ended: set[int] = set()
+
+        def step() -> list:
+            events = engine.step()
+            ended.update(event.sequence_id for event in events if event.finish_reason is not None)
+            return events
+
         # Timed: decode_tokens - 1 steps in which every stream decodes, from the last stream's
         # first token on.
         started = set()
         while len(started) < streams:
-            started.update(event.sequence_id for event in engine.step())
+            started.update(event.sequence_id for event in step())
         produced = 0
         start = time.perf_counter()
         for _ in range(args.decode_tokens - 1):
-            produced += len(engine.step())
+            produced += len(step())
         elapsed = time.perf_counter() - start
         if args.profile and sampling == "greedy":
             engine.time_next_step()
-            engine.step()
+            step()
             timelines.append((f"{streams} stream(s), context {args.decode_context}", engine.timeline(), elapsed / (args.decode_tokens - 1)))
         for sequence_id in ids:
-            engine.cancel(sequence_id)
+            if sequence_id not in ended:
+                engine.cancel(sequence_id)
+        if ended:
+            print(f"decode row of {streams} stream(s): {len(ended)} ended before its last timed step "
+                  f"(context {engine.context_tokens_max} tokens, KV pool {engine.stats()['pages_total']} pages): "
+                  "it timed fewer streams; raise --ctx or --max-seqs", file=sys.stderr)
         while engine.stats()["sequences_live"]:
             engine.step()
         rows.append(("decode", streams, produced, elapsed, produced / elapsed, f"{sampling}, context {args.decode_context}"))
