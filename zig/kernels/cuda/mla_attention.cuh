@@ -223,11 +223,11 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
     const int tile_end = min(split_end * per, tiles);
     // Lane l's cache element (row of the pool) of position l % 16 of tile c, in two steps a tile's
     // issue takes for later tiles: the table entry of its page (a load; a DSA pick before it, a
-    // load too) two tiles ahead (kLook), the element one ahead. The entry's load then has an iteration's
-    // work behind it: the element's multiply waiting on it, where one step took both, was 11% of
-    // the one-row 32k attention's stall samples (ncu, docs/measurements.md); the picks too, four
-    // tiles ahead, spilled the two-block form's 128 registers. 32 bits: a pool of 2^32 rows would
-    // be terabytes.
+    // load too) kLook tiles ahead, the element one ahead. The entry's load then has an
+    // iteration's work behind it: the element's multiply waiting on it, where one step took
+    // both, was 11% of the one-row 32k attention's stall samples (ncu, docs/measurements.md); the
+    // picks too, four tiles ahead, spilled the two-block form's 128 registers. 32 bits: a pool of
+    // 2^32 rows would be terabytes.
     const PageIndex pages(page_tokens);
     struct Lookup {
         uint32_t entry;

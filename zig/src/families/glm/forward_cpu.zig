@@ -179,8 +179,10 @@ pub fn forwardRank(weights: *const Weights, cache: *HostCache, batch: Batch, scr
         } else streams_of_row;
         ops.rmsNorm(final, weights.norm, c.rms_norm_eps, selected[i * c.hidden_size ..][0..c.hidden_size]);
     }
-    if (batch.logits_rows.len > 0) std.debug.assert(!weights.lm_head.released()); // a TP rank past 0 wants no logits
-    if (batch.logits_rows.len > 0) weights.lm_head.forward(batch.logits_rows.len, selected, logits, scratch.linear);
+    if (batch.logits_rows.len > 0) {
+        std.debug.assert(!weights.lm_head.released()); // a TP rank past 0 wants no logits
+        weights.lm_head.forward(batch.logits_rows.len, selected, logits, scratch.linear);
+    }
 }
 
 /// Re-exported for the GPU code, which shares the CPU's numbers.
