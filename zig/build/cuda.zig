@@ -85,6 +85,7 @@ const headers = [_][]const u8{
     "exl3_trellis.cuh",
     "grid_dependency.cuh",
     "kv_store.cuh",
+    "last_block.cuh",
     "logits_summary.cuh",
     "mla_attention.cuh",
     "mma.cuh",
