@@ -1,7 +1,6 @@
 // Which block of a launch finishes last, for the kernels whose last block folds what every block
 // wrote (the GEMV's k splits, the router's logits, the sampler's passes).
 #pragma once
-#include <stdint.h>
 
 // Whether this block is the last of `blocks` counting on `counter` (the last one resets it for the
 // next launch); every thread's global writes before the call are visible to the last block's loads

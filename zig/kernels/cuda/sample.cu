@@ -150,9 +150,6 @@ __device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long
     return before + inclusive - v;
 }
 
-// Whether this block is the last of the job's launch to finish (last_block.cuh).
-__device__ bool last_to_finish(State* state, bool* shared_flag) { return tf_last_block(&state->counter, gridDim.x, shared_flag); }
-
 // This thread's run of consecutive token ids within span `span` (empty past the vocabulary).
 __device__ __forceinline__ void run_of(int span, int vocab, int* first, int* last) {
     const int begin = span * kSpan + static_cast<int>(threadIdx.x) * kRun;
@@ -203,7 +200,7 @@ __device__ void level(const Row& r, const SampleJob& job, Scratch scratch, Bound
     __syncthreads();
     for (int b = threadIdx.x; b < bins; b += kThreads)
         if (s.histogram[b]) atomicAdd(scratch.histogram + b, s.histogram[b]);
-    if (!last_to_finish(state, &s.last)) return;
+    if (!tf_last_block(&state->counter, gridDim.x, &s.last)) return;
 
     for (int b = threadIdx.x; b < bins; b += kThreads) {
         s.histogram[b] = __ldcg(scratch.histogram + b);
@@ -358,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) tf_sample_draw(const floa
     block_scan_u64(strict, warp_values, &total_strict);
     block_scan_u64(ties, warp_values, &total_ties);
     if (threadIdx.x == 0) scratch.spans[blockIdx.x] = SpanSum{total_strict, total_ties};
-    if (!last_to_finish(state, &last_block)) return;
+    if (!tf_last_block(&state->counter, gridDim.x, &last_block)) return;
     if (threadIdx.x == 0) chosen_span = gridDim.x - 1;  // unused: the target is below the total
 
     // Each span's kept weight is its strict weight and its ties among the first `quota` (by id):

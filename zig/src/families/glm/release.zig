@@ -85,7 +85,16 @@ fn expectReleasedShard(config_json: []const u8) !void {
     var debug: std.heap.DebugAllocator(.{ .enable_memory_limit = true }) = .init;
     defer _ = debug.deinit(); // leaks: the count's last check below
     const gpa = debug.allocator();
+    // Rank 0 alone holds lm_head (its words); the others keep its shape, released from the start.
+    {
+        var first = try shard_mod.shard(std.testing.allocator, &full, 2, 0, &diag);
+        defer first.deinit(std.testing.allocator);
+        const words = std.mem.sliceAsBytes(first.lm_head.kind.exl3.words);
+        try std.testing.expect(std.mem.eql(u8, std.mem.sliceAsBytes(full.lm_head.kind.exl3.words), words));
+    }
     var rank = try shard_mod.shard(gpa, &full, 2, 1, &diag);
+    try std.testing.expect(rank.lm_head.released());
+    try std.testing.expectEqual(full.lm_head.out_features, rank.lm_head.out_features);
     const projections = heldLinears(&rank);
     try std.testing.expect(projections > 10);
     const before = debug.total_requested_bytes;

@@ -290,31 +290,3 @@ fn copyLinear(gpa: std.mem.Allocator, linear: *const Linear) Error!Linear {
         },
     };
 }
-
-test "rank 0 alone holds lm_head; the other ranks keep its shape" {
-    const gpa = std.testing.allocator;
-    var arena = std.heap.ArenaAllocator.init(gpa);
-    defer arena.deinit();
-    var diag: Diagnostic = .{};
-    const model = try core.config.ModelConfig.parse(arena.allocator(),
-        \\{"architectures":["Glm4MoeForCausalLM"],"hidden_size":256,"num_hidden_layers":2,
-        \\ "num_attention_heads":4,"num_key_value_heads":4,"head_dim":64,"intermediate_size":512,
-        \\ "moe_intermediate_size":256,"n_routed_experts":4,"num_experts_per_tok":2,"n_shared_experts":1,
-        \\ "first_k_dense_replace":1,"vocab_size":512,"partial_rotary_factor":0.5}
-    , &diag);
-    var full = try @import("synthetic.zig").generate(gpa, try Config.parse(&model, &diag), 3, 6, 5);
-    defer full.deinit(gpa);
-    try std.testing.expect(full.lm_head.kind == .exl3);
-    for (0..2) |rank| {
-        var weights = try shard(gpa, &full, 2, rank, &diag);
-        defer weights.deinit(gpa);
-        try std.testing.expectEqual(full.lm_head.in_features, weights.lm_head.in_features);
-        try std.testing.expectEqual(full.lm_head.out_features, weights.lm_head.out_features);
-        if (rank == 0) {
-            const words = std.mem.sliceAsBytes(weights.lm_head.kind.exl3.words);
-            try std.testing.expect(std.mem.eql(u8, std.mem.sliceAsBytes(full.lm_head.kind.exl3.words), words));
-        } else {
-            try std.testing.expect(weights.lm_head.released());
-        }
-    }
-}
