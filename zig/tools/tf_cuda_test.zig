@@ -9,6 +9,8 @@
 //!                 spread/whole and alone/batched bits (kv_suite.zig)
 //!   mla           MLA's head products for a prompt chunk's rows equal the decode step's kernels
 //!                 bit for bit, and both vs f64 (mla_suite.zig)
+//!   route         the MoE router's launch equals the CPU router expert for expert, ties at the
+//!                 top-k cut, groups, a merged shared expert, prompt rows (route_suite.zig)
 //!   nccl [--world N --rank R --master HOST:PORT]
 //!                 all-reduce, broadcast and all-gather exact, the all-reduce replayed from a
 //!                 graph, and the all-reduce bus bandwidth;
@@ -23,6 +25,7 @@ const glm_exl3 = @import("glm_exl3_suite.zig");
 const dense = @import("dense_suite.zig");
 const kv = @import("kv_suite.zig");
 const mla = @import("mla_suite.zig");
+const route = @import("route_suite.zig");
 const Report = @import("report.zig").Report;
 
 const say = @import("say.zig").say;
@@ -35,8 +38,9 @@ pub fn main(init: std.process.Init) u8 {
     const is_dense = std.mem.eql(u8, suite, "dense");
     const is_kv = std.mem.eql(u8, suite, "kv");
     const is_mla = std.mem.eql(u8, suite, "mla");
-    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm and !is_dense and !is_kv and !is_mla) {
-        say("usage: tf-cuda-test exl3-decode | dense | kv | mla | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
+    const is_route = std.mem.eql(u8, suite, "route");
+    if (!std.mem.eql(u8, suite, "exl3-decode") and !is_nccl and !is_glm and !is_dense and !is_kv and !is_mla and !is_route) {
+        say("usage: tf-cuda-test exl3-decode | dense | kv | mla | route | glm-exl3 FIXTURE_DIR | nccl [--world N --rank R --master HOST:PORT]\n", .{});
         return 2;
     }
     var options: NcclOptions = .{};
@@ -68,6 +72,10 @@ pub fn main(init: std.process.Init) u8 {
     } else if (is_mla) {
         mla.run(init.gpa, &gpu, &report) catch |err| {
             report.check(false, "mla aborted: {t}", .{err});
+        };
+    } else if (is_route) {
+        route.run(init.gpa, &gpu, &report) catch |err| {
+            report.check(false, "route aborted: {t}", .{err});
         };
     } else if (is_nccl) {
         ncclSuite(init.gpa, &gpu, options, &report, &diag) catch |err| {

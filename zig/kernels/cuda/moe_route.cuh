@@ -35,6 +35,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
     tf_wait_prior_grid();
     __shared__ float probability[kRouteExpertsMax];
     __shared__ float choice[kRouteExpertsMax];
+    __shared__ int picked[kRouteExpertsMax];  // by rank
+    __shared__ int sorted[kRouteExpertsMax + 1];  // by expert index, then the merged shared expert
+    __shared__ float route_total;
     __shared__ bool last_block;
     const int row = blockIdx.y;
     const int warp = threadIdx.x / kWarp;
@@ -68,7 +71,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
     if (!tf_last_block(counters + row, gridDim.x, &last_block)) return;
     for (int i = threadIdx.x; i < experts; i += blockDim.x) {
         probability[i] = __ldcg(row_scratch + i);
-        choice[i] = __ldcg(row_scratch + experts + i);
+        const float c = __ldcg(row_scratch + experts + i);
+        choice[i] = c != c ? -INFINITY : c;
     }
     __syncthreads();
     if (groups > 1 && threadIdx.x == 0) {
@@ -92,63 +96,65 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
                 for (int e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = -INFINITY;  // transformers' mask
     }
     __syncthreads();
-    // Top-k, one slot at a time, in warp 0 alone: each lane scans its experts, then the warp keeps
-    // the highest score, the lowest index on a tie (the CPU router's rule; a total order, so any
-    // reduction tree picks the same expert). Taken experts are marked in `choice` by -inf after
-    // their slot. (The block's eight warps took two barriers and a serial merge per slot.)
-    if (warp != 0) return;
-    int* chosen = experts_out + static_cast<size_t>(row) * slots;
-    for (int slot = 0; slot < top_k; ++slot) {
-        float best_score = -INFINITY;
-        int best = experts;
-        for (int e = lane; e < experts; e += kWarp) {
-            const float c = choice[e];
-            if (c > best_score || (c == best_score && e < best)) { best_score = c; best = e; }
+    // Top-k by rank, every expert at once: an expert's rank is the number of experts before it in
+    // the total order (higher score first, the lower index on a tie: the CPU router's rule), and
+    // the top_k of rank < top_k are the chosen. A warp's experts compare with the warps' before
+    // and after theirs by one predicate each; only their own 32 need the index too. (Warp 0 alone
+    // picking one slot at a time took eight rounds of shuffles, and thread 0 sorted the picks in
+    // global memory, a chain of round trips at the end of every MoE layer.) A NaN score counts as
+    // -inf, so the order stays total.
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+        const float c = choice[e];
+        const int base = e - lane;  // this warp's first expert
+        int rank = 0;
+        for (int j = 0; j < base; ++j) rank += choice[j] >= c;
+        for (int j = base; j < base + kWarp && j < experts; ++j) {
+            const float o = choice[j];
+            rank += o > c || (o == c && j < e);
         }
-        for (int offset = 16; offset > 0; offset /= 2) {
-            const float other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, offset);
-            const int other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
-            if (other_score > best_score || (other_score == best_score && other < best)) { best_score = other_score; best = other; }
-        }
-        if (lane == 0) {
-            chosen[slot] = best;
-            if (best < experts) choice[best] = -INFINITY;
-        }
-        __syncwarp();
+        for (int j = base + kWarp; j < experts; ++j) rank += choice[j] > c;
+        if (rank < top_k) picked[rank] = e;
     }
-    if (threadIdx.x != 0) return;
-    for (int i = 1; i < top_k; ++i)  // ascending expert index: the CPU's summation order
-        for (int j = i; j > 0 && chosen[j - 1] > chosen[j]; --j) { const int t = chosen[j]; chosen[j] = chosen[j - 1]; chosen[j - 1] = t; }
+    __syncthreads();
+    if (warp != 0) return;
+    // The picks in ascending expert index (the CPU's summation order): each slot's place is the
+    // number of picks below it.
+    for (int s = lane; s < top_k; s += kWarp) {
+        const int e = picked[s];
+        int place = 0;
+        for (int t = 0; t < top_k; ++t) place += picked[t] < e;
+        sorted[place] = e;
+    }
     // A merged shared expert (slots = top_k + 1) is table entry `experts`, last, with weight 1.
-    if (slots > top_k) chosen[top_k] = experts;
+    if (lane == 0 && slots > top_k) sorted[top_k] = experts;
+    __syncwarp();
+    if (lane == 0) {
+        float total = 0.f;
+        for (int slot = 0; slot < top_k; ++slot) total += probability[sorted[slot]];
+        route_total = total;
+    }
+    __syncwarp();
     const int entries = experts + (slots > top_k);  // table entries per projection
     const size_t items = static_cast<size_t>(rows) * slots;
-    for (int slot = 0; slot < slots; ++slot) {
-        const size_t i = static_cast<size_t>(row) * slots + slot;
-        pair_layers[i] = chosen[slot];
-        pair_layers[items + i] = entries + chosen[slot];
-        pair_rows[i] = row;
-        pair_rows[items + i] = row;
-    }
-    float total = 0.f;
-    for (int slot = 0; slot < top_k; ++slot) total += probability[chosen[slot]];
-    for (int slot = 0; slot < top_k; ++slot) {
-        float w = probability[chosen[slot]];
-        if (normalize) w /= total + 1e-20f;
-        weights_out[static_cast<size_t>(row) * slots + slot] = w * scaling;
-    }
-    if (slots > top_k) weights_out[static_cast<size_t>(row) * slots + top_k] = 1.0f;
-    if (!prompt_layers) return;
     // A prompt row's items go to the prompt kernels, a generated row's to the GEMV: each path sees
     // layer -1 for the other's items.
-    const bool prompt = row_prompt[row] != 0;
-    for (int slot = 0; slot < slots; ++slot) {
+    const bool prompt = prompt_layers && row_prompt[row] != 0;
+    for (int slot = lane; slot < slots; slot += kWarp) {
         const size_t i = static_cast<size_t>(row) * slots + slot;
-        prompt_layers[i] = prompt ? chosen[slot] : -1;
-        if (!prompt) continue;
-        chosen[slot] = -1;
-        pair_layers[i] = -1;
-        pair_layers[items + i] = -1;
+        const int e = sorted[slot];
+        float w = 1.0f;
+        if (slot < top_k) {
+            w = probability[e];
+            if (normalize) w /= route_total + 1e-20f;
+            w *= scaling;
+        }
+        weights_out[i] = w;
+        experts_out[i] = prompt ? -1 : e;
+        pair_layers[i] = prompt ? -1 : e;
+        pair_layers[items + i] = prompt ? -1 : entries + e;
+        pair_rows[i] = row;
+        pair_rows[items + i] = row;
+        if (prompt_layers) prompt_layers[i] = prompt ? e : -1;
     }
 }
 
