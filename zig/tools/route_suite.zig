@@ -106,9 +106,10 @@ fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, 
     defer gpu.free(d_counters);
     try gpu.zero(d_counters, rows * 4, k.diag);
     // Poisoned outputs: a slot the router leaves unwritten shows.
-    const d_out = try gpu.alloc(items * 4 * 6, k.diag);
+    // Seven arrays of `items` words: experts, weights, pair layers (two), pair rows (two), prompt layers.
+    const d_out = try gpu.alloc(items * 4 * 7, k.diag);
     defer gpu.free(d_out);
-    try gpu.poison(d_out, items * 4 * 6, k.diag);
+    try gpu.poison(d_out, items * 4 * 7, k.diag);
     const d_experts = d_out;
     const d_weights = d_out + items * 4;
     const d_pair_layers = d_out + items * 8;
@@ -138,7 +139,7 @@ fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, 
         .scaling = case.scaling,
     });
     try gpu.synchronize(k.diag);
-    const got = try gpa.alloc(i32, items * 6);
+    const got = try gpa.alloc(i32, items * 7);
     defer gpa.free(got);
     try gpu.download(std.mem.sliceAsBytes(got), d_out, k.diag);
     var counters: [rows]u32 = undefined;
