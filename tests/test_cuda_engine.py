@@ -320,3 +320,48 @@ def test_prompt_attention_rows_keep_their_bits_in_any_tile(monkeypatch):
     together = big.logits_batch([a, b])
     for tokens, batched in zip((a, b), together):
         assert np.array_equal(small.logits(tokens).view(np.uint32), batched.view(np.uint32))
+
+
+def _with_embedding(source, target, convert):
+    """A copy of checkpoint `source` in `target` whose embed_tokens is `convert(values as f32)`,
+    stored in the dtype of the array convert returns (F16 or F32)."""
+    import json
+    import shutil
+    import struct
+    shutil.copytree(source, target)
+    path = target / "model.safetensors"
+    blob = path.read_bytes()
+    size = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + size])
+    data = blob[8 + size:]
+    out_header, chunks, offset = {}, [], 0
+    for name, entry in sorted(((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
+        raw = data[entry["data_offsets"][0]:entry["data_offsets"][1]]
+        if name.endswith("embed_tokens.weight"):
+            assert entry["dtype"] == "BF16"
+            widened = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+            stored = convert(widened)
+            raw = stored.tobytes()
+            entry = dict(entry, dtype={np.float16: "F16", np.float32: "F32"}[stored.dtype.type])
+        out_header[name] = dict(entry, data_offsets=[offset, offset + len(raw)])
+        chunks.append(raw)
+        offset += len(raw)
+    if "__metadata__" in header:
+        out_header["__metadata__"] = header["__metadata__"]
+    text = json.dumps(out_header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def test_the_embedding_widens_on_the_gpu_as_on_the_host(tmp_path):
+    """The GPU keeps the embedding table as the checkpoint stores it and widens a row to f32 as
+    tokens come (tf_embed): the fixture's BF16 table, the same values as F32, an F16 rounding of
+    them and that F16 as F32 give logits equal bit for bit in pairs, at prompt rows and
+    generated rows."""
+    p = {name: tokens for name, tokens in list(prompts().items())[:2]}
+    source = checkpoint_dir("3.0")
+    _with_embedding(source, tmp_path / "f32", lambda v: v)
+    _with_embedding(source, tmp_path / "f16", lambda v: v.astype(np.float16))
+    _with_embedding(source, tmp_path / "f16_as_f32", lambda v: v.astype(np.float16).astype(np.float32))
+    engine = lambda d: trellisforge.Engine(d, backend="cuda", max_seqs=2, kv_dtype="f32")
+    assert_same_bits(engine(source), engine(tmp_path / "f32"), p)
+    assert_same_bits(engine(tmp_path / "f16"), engine(tmp_path / "f16_as_f32"), p)

@@ -40,13 +40,22 @@ __device__ __forceinline__ float half_to_float(uint16_t bits) { return __half2fl
 // ---- element-wise and row-wise ----
 
 // One block per (row, 256 columns): a decode step's single row is still spread over many blocks.
-extern "C" __global__ void tf_embed(const uint32_t* __restrict__ tokens, const float* __restrict__ table,
+// The table stays in the checkpoint's dtype (glm_kernels.zig EmbedDtype); f16 and bf16 widen to
+// f32 exactly, so the rows are the host's Embedding.row bit for bit.
+constexpr int kEmbedF16 = 1;
+constexpr int kEmbedBf16 = 2;
+extern "C" __global__ void tf_embed(const uint32_t* __restrict__ tokens, const void* __restrict__ table, int dtype,
                                     float* __restrict__ out, int rows, int hidden) {
     tf_wait_prior_grid();
     const int row = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (row >= rows || i >= hidden) return;
-    out[static_cast<size_t>(row) * hidden + i] = table[static_cast<size_t>(tokens[row]) * hidden + i];
+    const size_t at = static_cast<size_t>(tokens[row]) * hidden + i;
+    float value;
+    if (dtype == kEmbedF16) value = __half2float(static_cast<const half*>(table)[at]);
+    else if (dtype == kEmbedBf16) value = __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(table)[at]) << 16);
+    else value = static_cast<const float*>(table)[at];
+    out[static_cast<size_t>(row) * hidden + i] = value;
 }
 
 // w ⊙ x / sqrt(mean(x²) + eps), one block of 256 threads per row; out may alias x (each thread

@@ -136,9 +136,12 @@ pub const Kernels = struct {
         return @intCast(std.math.divCeil(usize, @max(count, 1), per_block) catch unreachable);
     }
 
-    pub fn embed(k: Kernels, tokens: Ptr, table: Ptr, out: Ptr, rows: usize, hidden: usize) Error!void {
-        var a = .{ tokens, table, out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(hidden)) };
-        try k.run("tf_embed", .{ @intCast(rows), blocks(hidden, 256), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4] });
+    /// The embedding table's dtype as stored on the device (tf_embed's kEmbed*).
+    pub const EmbedDtype = enum(c_int) { f32 = 0, f16 = 1, bf16 = 2 };
+
+    pub fn embed(k: Kernels, tokens: Ptr, table: Ptr, dtype: EmbedDtype, out: Ptr, rows: usize, hidden: usize) Error!void {
+        var a = .{ tokens, table, @intFromEnum(dtype), out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(hidden)) };
+        try k.run("tf_embed", .{ @intCast(rows), blocks(hidden, 256), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
     }
 
     /// 256 threads per row: the kernel's 8-warp reduction assumes exactly that.

@@ -119,6 +119,7 @@ pub const GpuModel = struct {
     /// Prompt rows run through the prompt kernels (each forward's, counted once).
     prompt_rows: u64,
     embed: Ptr,
+    embed_dtype: K.Kernels.EmbedDtype = .f32,
     blocks: []GpuBlock,
     norm: Ptr,
     lm_head: GpuLinear,
@@ -354,10 +355,17 @@ pub const GpuModel = struct {
     fn upload(model: *GpuModel, weights: *const weights_mod.Weights, release: ?*weights_mod.Weights, diag: *Diagnostic) Error!void {
         const c = weights.config;
         const gpa = model.gpa;
-        const embed = try gpa.alloc(f32, c.vocab_size * c.hidden_size);
-        defer gpa.free(embed);
-        for (0..c.vocab_size) |token| weights.embedding.row(token, embed[token * c.hidden_size ..][0..c.hidden_size]);
-        model.embed = try model.putF32(embed, diag);
+        // The table as stored (f16 and bf16 widen exactly in tf_embed): an f32 copy was twice the
+        // GPU memory (GLM-4.5-Air: 2.5 GB for 1.2) and as much again of host memory while loading,
+        // one pool on a unified-memory GB10.
+        const table = weights.embedding.tensor;
+        model.embed = try model.put(table.data, diag);
+        model.embed_dtype = switch (table.dtype) {
+            .f32 => .f32,
+            .f16 => .f16,
+            .bf16 => .bf16,
+            else => unreachable, // checked at load
+        };
         model.blocks = try gpa.alloc(GpuBlock, c.layers);
         for (weights.blocks, model.blocks, 0..) |*block, *target, i| {
             target.* = .{
@@ -513,7 +521,7 @@ pub const GpuModel = struct {
         const k: K.Kernels = .{ .gpu = &model.gpu, .module = &model.module, .diag = diag };
         if (c.hyper.mult > 0) return hyper_cuda.enqueue(model, k, rows, wanted, reduce, diag);
         model.at(null, .embed);
-        try k.embed(model.tokens, model.embed, model.hidden, rows, c.hidden_size);
+        try k.embed(model.tokens, model.embed, model.embed_dtype, model.hidden, rows, c.hidden_size);
         // Each residual add is fused with the norm that follows it: the post-attention norm, the
         // next layer's input norm, or the final norm.
         if (model.blocks.len > 0) try k.rmsnorm(model.hidden, model.blocks[0].input_norm, model.normed, rows, c.hidden_size, c.rms_norm_eps);

@@ -93,7 +93,7 @@ pub fn enqueue(model: *GpuModel, k: K.Kernels, rows: usize, wanted: usize, reduc
     const d = c.hidden_size;
     const hk: H.Kernels = .{ .gpu = &model.gpu, .module = &model.hyper_module.?, .diag = diag };
     model.at(null, .embed);
-    try k.embed(model.tokens, model.embed, model.collapsed, rows, d);
+    try k.embed(model.tokens, model.embed, model.embed_dtype, model.collapsed, rows, d);
     try hk.spread(model.collapsed, model.hidden, rows, m, d);
     for (model.blocks, 0..) |*block, layer| {
         const sites = block.hyper.?;
