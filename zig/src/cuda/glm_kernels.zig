@@ -140,7 +140,7 @@ pub const Kernels = struct {
     pub const EmbedDtype = enum(c_int) { f32 = 0, f16 = 1, bf16 = 2 };
 
     pub fn embed(k: Kernels, tokens: Ptr, table: Ptr, dtype: EmbedDtype, out: Ptr, rows: usize, hidden: usize) Error!void {
-        var a = .{ tokens, table, @intFromEnum(dtype), out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(hidden)) };
+        var a = .{ tokens, table, @backingInt(dtype), out, @as(c_int, @intCast(rows)), @as(c_int, @intCast(hidden)) };
         try k.run("tf_embed", .{ @intCast(rows), blocks(hidden, 256), 1 }, 256, .{ &a[0], &a[1], &a[2], &a[3], &a[4], &a[5] });
     }
 
