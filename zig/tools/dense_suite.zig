@@ -16,6 +16,7 @@ const Diagnostic = tf.core.Diagnostic;
 const Report = @import("report.zig").Report;
 const say = @import("say.zig").say;
 const upload = @import("device_upload.zig").upload;
+const forward_module = @import("forward_module.zig");
 
 const Shape = struct { in: usize, out: usize, bias: bool = false, half: bool = true, stride: usize = 0, squares: bool = false };
 const shapes = [_]Shape{
@@ -31,10 +32,7 @@ const shapes = [_]Shape{
 
 pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     var diag: Diagnostic = .{};
-    var module = cuda.glm_kernels.load(gpu, &diag) catch |err| {
-        report.check(false, "load glm_forward: {s}", .{diag.message()});
-        return err;
-    };
+    var module = try forward_module.load(gpu, &diag, report);
     defer module.unload(gpu);
     const k: cuda.glm_kernels.Kernels = .{ .gpu = gpu, .module = &module, .diag = &diag };
     var prng = std.Random.DefaultPrng.init(0xde15e);

@@ -16,6 +16,7 @@ const glm = tf.glm;
 const Diagnostic = tf.core.Diagnostic;
 const Report = @import("report.zig").Report;
 const upload = @import("device_upload.zig").upload;
+const forward_module = @import("forward_module.zig");
 
 const Case = struct {
     name: []const u8,
@@ -46,10 +47,7 @@ const rows = 6;
 
 pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     var diag: Diagnostic = .{};
-    var module = cuda.glm_kernels.load(gpu, &diag) catch |err| {
-        report.check(false, "load glm_forward: {s}", .{diag.message()});
-        return err;
-    };
+    var module = try forward_module.load(gpu, &diag, report);
     defer module.unload(gpu);
     const k: cuda.glm_kernels.Kernels = .{ .gpu = gpu, .module = &module, .diag = &diag };
     var prng = std.Random.DefaultPrng.init(0x2047e);
