@@ -323,33 +323,19 @@ def test_prompt_attention_rows_keep_their_bits_in_any_tile(monkeypatch):
 
 
 def _with_embedding(source, target, convert):
-    """A copy of checkpoint `source` in `target` whose embed_tokens is `convert(values as f32)`,
-    stored in the dtype of the array convert returns (F16 or F32)."""
-    import json
+    """A copy of checkpoint `source` in `target` whose BF16 embed_tokens is `convert(values as
+    f32)`, stored in the dtype of the array convert returns (F16 or F32)."""
     import shutil
-    import struct
+    from trellisforge import safetensors_io
     shutil.copytree(source, target)
     path = target / "model.safetensors"
-    blob = path.read_bytes()
-    size = struct.unpack("<Q", blob[:8])[0]
-    header = json.loads(blob[8:8 + size])
-    data = blob[8 + size:]
-    out_header, chunks, offset = {}, [], 0
-    for name, entry in sorted(((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
-        raw = data[entry["data_offsets"][0]:entry["data_offsets"][1]]
-        if name.endswith("embed_tokens.weight"):
-            assert entry["dtype"] == "BF16"
-            widened = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-            stored = convert(widened)
-            raw = stored.tobytes()
-            entry = dict(entry, dtype={np.float16: "F16", np.float32: "F32"}[stored.dtype.type])
-        out_header[name] = dict(entry, data_offsets=[offset, offset + len(raw)])
-        chunks.append(raw)
-        offset += len(raw)
-    if "__metadata__" in header:
-        out_header["__metadata__"] = header["__metadata__"]
-    text = json.dumps(out_header).encode()
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    header, _ = safetensors_io.read_header(path)
+    tensors = safetensors_io.load(path)
+    dtypes = {name: entry["dtype"] for name, entry in header.items() if name != "__metadata__" and entry["dtype"] == "BF16"}
+    name = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    assert dtypes.pop(name) == "BF16"
+    tensors[name] = convert(safetensors_io.bf16_to_float32(tensors[name]))
+    safetensors_io.save(path, tensors, dtypes, header.get("__metadata__"))
 
 
 def test_the_embedding_widens_on_the_gpu_as_on_the_host(tmp_path):
