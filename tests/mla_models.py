@@ -44,6 +44,8 @@ COMMON_VARIANTS = {
     "mlp_layer_types": {"num_hidden_layers": 4, "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]},
     "attention_bias": {"attention_bias": True},
     "exl3": {},
+    # kv_b_proj as EXL3 too (the peer keeps it fp16): the engine dequantizes it once at load.
+    "exl3_kv_b": {},
 }
 LITE_VARIANTS = {
     **{name: dict(v) for name, v in COMMON_VARIANTS.items()},
@@ -78,10 +80,11 @@ def pad128(n: int) -> int:
     return -(-n // 128) * 128
 
 
-def write_model(path, config: dict, exl3_codebook: str | None = None, seed: int = 0):
+def write_model(path, config: dict, exl3_codebook: str | None = None, seed: int = 0, kv_b_exl3: bool = False):
     """A random checkpoint of `config` (class B or C) under path; with exl3_codebook the
     q/kv-a/o, indexer wq_b, MLP and expert projections are random EXL3 layers of that codebook,
-    padded to 128 like the peer's (kv_a_proj_with_mqa's 576 outputs are stored as 640)."""
+    padded to 128 like the peer's (kv_a_proj_with_mqa's 576 outputs are stored as 640), and with
+    kv_b_exl3 kv_b_proj as well."""
     rng = np.random.default_rng(seed)
     c = {**glm_reference.DEFAULTS[config["model_type"]], **config}
     h, heads = c["hidden_size"], c["num_attention_heads"]
@@ -128,7 +131,10 @@ def write_model(path, config: dict, exl3_codebook: str | None = None, seed: int 
             projection(f"{a}.q_b_proj", c["q_lora_rank"], heads * qk)
         projection(f"{a}.kv_a_proj_with_mqa", h, c["kv_lora_rank"] + c["qk_rope_head_dim"], bias=bias)
         norm(f"{a}.kv_a_layernorm.weight", c["kv_lora_rank"])
-        dense(f"{a}.kv_b_proj", heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"], dtype=np.float16)
+        if kv_b_exl3:
+            projection(f"{a}.kv_b_proj", c["kv_lora_rank"], heads * (c["qk_nope_head_dim"] + c["v_head_dim"]))
+        else:
+            dense(f"{a}.kv_b_proj", heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"], dtype=np.float16)
         projection(f"{a}.o_proj", heads * c["v_head_dim"], h, bias=bias)
         if full and full[layer] == "full":
             i = f"{a}.indexer"
@@ -155,8 +161,8 @@ def write_model(path, config: dict, exl3_codebook: str | None = None, seed: int 
 
 
 def write_variant(path, model_type: str, variant: str, seed: int = 0):
-    return write_model(path, variant_config(model_type, variant), exl3_codebook="mul1" if variant == "exl3" else None,
-                       seed=seed)
+    return write_model(path, variant_config(model_type, variant), exl3_codebook="mul1" if variant.startswith("exl3") else None,
+                       seed=seed, kv_b_exl3=variant == "exl3_kv_b")
 
 
 def write_gpu_shaped(path, model_type: str, seed: int = 0):

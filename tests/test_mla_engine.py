@@ -126,9 +126,9 @@ def test_tensor_parallel_equals_one_rank(fixture):
 
 VARIANTS = [("glm4_moe_lite", v) for v in ("plain", "no_q_lora", "other_heads_and_latents", "yarn", "yarn_attention_factor",
                                              "llama3_mscale", "rotate_half", "group_limited_routing", "mlp_layer_types", "attention_bias",
-                                             "first_k_dense_replace_ignored", "exl3")] + \
+                                             "first_k_dense_replace_ignored", "exl3", "exl3_kv_b")] + \
            [("glm_moe_dsa", v) for v in ("plain", "dense_selection", "shared_indexer_layers", "indexer_schedule",
-                                          "other_indexer_heads", "rope_flags_ignored", "yarn", "exl3")]
+                                          "other_indexer_heads", "rope_flags_ignored", "yarn", "exl3", "exl3_kv_b")]
 
 
 @pytest.mark.parametrize("family,variant", VARIANTS)

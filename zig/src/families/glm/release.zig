@@ -103,8 +103,8 @@ fn expectReleasedShard(config_json: []const u8) !void {
     try std.testing.expect(heldLinears(&rank) < projections);
     releaseLinears(gpa, &rank);
     try std.testing.expectEqual(@as(usize, 0), heldLinears(&rank));
-    // What stays is the shard's arena (its block tables; an MLA shard's f32 kv_b rows for the CPU
-    // form), with at most its nodes' headers beside it: no projection.
+    // What stays is the shard's arena (its block tables), with at most its nodes' headers beside
+    // it: no projection (an MLA shard's kv_b rows were its kv_b projection's, released with it).
     const arena_bytes = rank.arena.queryCapacity();
     try std.testing.expect(debug.total_requested_bytes >= arena_bytes and debug.total_requested_bytes - arena_bytes < 1024);
     try std.testing.expect(before > debug.total_requested_bytes);

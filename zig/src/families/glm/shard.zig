@@ -86,7 +86,7 @@ pub fn shard(gpa: std.mem.Allocator, full: *const weights_mod.Weights, world: us
                     .q_norm = a.q_norm,
                     .k_norm = a.k_norm,
                 } },
-                .mla => |*a| .{ .mla = try shardMla(&cleanup, arena, c, a, world, rank) },
+                .mla => |*a| .{ .mla = try shardMla(&cleanup, c, a, world, rank) },
                 .kda => |*a| .{ .kda = try shardKda(&cleanup, arena, c, a, world, rank, diag) },
             },
             .hyper = source.hyper,
@@ -136,14 +136,12 @@ fn headRange(heads: usize, head_dim: usize, world: usize, rank: usize) Range {
 
 /// One rank's MLA: its heads of q_b (or q_proj), kv_b and o_proj; the latent projections and the
 /// indexer whole.
-fn shardMla(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Mla, world: usize, rank: usize) Error!Mla {
+fn shardMla(cleanup: *Cleanup, c: Config, a: *const Mla, world: usize, rank: usize) Error!Mla {
     const m = c.mla;
     const gpa = cleanup.gpa;
     const q_range = headRange(c.heads, m.qkDim(), world, rank);
     const kv_b_range = headRange(c.heads, m.nope_dim + m.v_dim, world, rank);
     const o_range = headRange(c.heads, m.v_dim, world, rank);
-    const kv_b = try cleanup.keep(try sliceLinear(gpa, &a.kv_b, .columns, kv_b_range, true));
-    const rows = kv_b_range.len() * m.kv_lora_rank;
     return .{
         .q_a = if (a.q_a) |*l| try cleanup.keep(try copyLinear(gpa, l)) else null,
         .q_a_norm = a.q_a_norm,
@@ -151,8 +149,7 @@ fn shardMla(cleanup: *Cleanup, arena: std.mem.Allocator, c: Config, a: *const Ml
         .q = if (a.q) |*l| try cleanup.keep(try sliceLinear(gpa, l, .columns, q_range, true)) else null,
         .kv_a = try cleanup.keep(try copyLinear(gpa, &a.kv_a)),
         .kv_a_norm = a.kv_a_norm,
-        .kv_b = kv_b,
-        .kv_b_dense = try arena.dupe(f32, a.kv_b_dense[kv_b_range.begin * m.kv_lora_rank ..][0..rows]),
+        .kv_b = try cleanup.keep(try sliceLinear(gpa, &a.kv_b, .columns, kv_b_range, true)),
         .o = try cleanup.keep(try sliceLinear(gpa, &a.o, .rows, o_range, rank == 0)),
         .indexer = if (a.indexer) |*ix| try copyIndexer(cleanup, ix) else null,
         .pooled = if (a.pooled) |*ix| .{ .keys = try copyIndexer(cleanup, &ix.keys), .gate = ix.gate, .ape = ix.ape } else null,

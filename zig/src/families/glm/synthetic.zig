@@ -105,7 +105,6 @@ const Maker = struct {
             .kv_a = try m.linear(h, a.cacheWidth(), bits, a.bias),
             .kv_a_norm = try m.values(a.kv_lora_rank, 1.0, 0.05),
             .kv_b = kv_b,
-            .kv_b_dense = kv_b.kind.dense.weight,
             .o = try m.linear(c.heads * a.v_dim, h, bits, a.bias),
             .pooled = if (c.plan[layer].indexer != .full or c.indexer.pool == 0) null else .{
                 .keys = try m.indexer(c, bits),

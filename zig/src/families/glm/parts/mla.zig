@@ -31,10 +31,10 @@ pub const Mla = struct {
     q: ?Linear,
     kv_a: Linear,
     kv_a_norm: []f32,
+    /// kv_b_proj, always unquantized (an EXL3 one is dequantized once at load): the absorbed
+    /// attention reads each head's k_nope and v blocks of its rows (kvRows) and never runs it as a
+    /// projection. One copy: an f32 twin beside it held an unquantized kv_b twice (GLM-5: 4.6 GB).
     kv_b: Linear,
-    /// kv_b_proj as (heads·(nope + v), kv_lora_rank) f32 (dequantized once when EXL3): the absorbed
-    /// attention reads each head's k_nope and v blocks from it.
-    kv_b_dense: []f32,
     o: Linear,
     indexer: ?dsa.Indexer,
     /// GLM-5.3-Flash's indexer over pooled keys, in place of `indexer`.
@@ -60,8 +60,7 @@ pub const Mla = struct {
         }
         result.kv_a = try loader.linear(name(&buffer, prefix, "kv_a_proj_with_mqa"), c.hidden_size, m.cacheWidth(), bias);
         result.kv_a_norm = try loader.vector(name(&buffer, prefix, "kv_a_layernorm.weight"), m.kv_lora_rank);
-        result.kv_b = try loader.linear(name(&buffer, prefix, "kv_b_proj"), m.kv_lora_rank, c.heads * (m.nope_dim + m.v_dim), .none);
-        result.kv_b_dense = try denseRows(loader, &result.kv_b);
+        result.kv_b = try unquantized(loader, try loader.linear(name(&buffer, prefix, "kv_b_proj"), m.kv_lora_rank, c.heads * (m.nope_dim + m.v_dim), .none));
         result.o = try loader.linear(name(&buffer, prefix, "o_proj"), c.heads * m.v_dim, c.hidden_size, bias);
         result.indexer = null;
         result.pooled = null;
@@ -82,6 +81,12 @@ pub const Mla = struct {
         mla.o.deinit(gpa);
         if (mla.indexer) |*indexer| indexer.deinit(gpa);
         if (mla.pooled) |*indexer| indexer.deinit(gpa);
+    }
+
+    /// kv_b_proj's weight, (heads·(nope + v), kv_lora_rank) f32: head h's k_nope rows, then its v
+    /// rows, at h·(nope + v)·kv_lora_rank.
+    pub fn kvRows(mla: *const Mla) []const f32 {
+        return mla.kv_b.kind.dense.weight;
     }
 
     pub fn scratchLength(mla: *const Mla, rows: usize) usize {
@@ -139,22 +144,27 @@ pub const Mla = struct {
 pub const Layers = struct { mla: usize, index: usize };
 pub const Caches = struct { mla: *Cache, index: ?*dsa.Cache };
 
-/// kv_b_proj's weight as (out_features, in_features) f32.
-fn denseRows(loader: *loader_mod.Loader, kv_b: *const Linear) loader_mod.Error![]f32 {
-    const out = try loader.arena.alloc(f32, kv_b.out_features * kv_b.in_features);
-    switch (kv_b.kind) {
-        .dense => |dense| @memcpy(out, dense.weight),
-        .exl3 => |*layer| {
-            const full = try loader.gpa.alloc(f32, layer.rows * layer.columns + kv_b.in_features * kv_b.out_features);
-            defer loader.gpa.free(full);
-            const columns = full[layer.rows * layer.columns ..]; // (in, out): y = x @ W
-            exl3.linear_cpu.dequantize(layer, kv_b.in_features, kv_b.out_features, full[0 .. layer.rows * layer.columns], columns);
-            for (0..kv_b.out_features) |o| {
-                for (0..kv_b.in_features) |i| out[o * kv_b.in_features + i] = columns[i * kv_b.out_features + o];
-            }
-        },
+/// `linear` unquantized: an EXL3 one dequantized into an f32 (out_features, in_features) weight
+/// (its trellis freed), an unquantized one as it is.
+fn unquantized(loader: *loader_mod.Loader, linear: Linear) loader_mod.Error!Linear {
+    var source = linear;
+    const layer = switch (source.kind) {
+        .dense => return source,
+        .exl3 => |*layer| layer,
+    };
+    errdefer source.deinit(loader.gpa);
+    const weight = try loader.gpa.alloc(f32, source.out_features * source.in_features);
+    errdefer loader.gpa.free(weight);
+    const full = try loader.gpa.alloc(f32, layer.rows * layer.columns + source.in_features * source.out_features);
+    defer loader.gpa.free(full);
+    const columns = full[layer.rows * layer.columns ..]; // (in, out): y = x @ W
+    exl3.linear_cpu.dequantize(layer, source.in_features, source.out_features, full[0 .. layer.rows * layer.columns], columns);
+    for (0..source.out_features) |o| {
+        for (0..source.in_features) |i| weight[o * source.in_features + i] = columns[i * source.out_features + o];
     }
-    return out;
+    const shape: Linear = .{ .in_features = source.in_features, .out_features = source.out_features, .kind = .{ .dense = .{ .weight = weight, .bias = null } } };
+    source.deinit(loader.gpa);
+    return shape;
 }
 
 const Job = struct {
@@ -183,7 +193,7 @@ const Job = struct {
             const r = item / c.heads;
             const h = item % c.heads;
             const query = s.q[(r * c.heads + h) * m.qkDim() ..][0..m.qkDim()];
-            const w_head = job.mla.kv_b_dense[h * block * m.kv_lora_rank ..][0 .. block * m.kv_lora_rank];
+            const w_head = job.mla.kvRows()[h * block * m.kv_lora_rank ..][0 .. block * m.kv_lora_rank];
             // q_lat = W_UKᵀ · q_nope, summed over the nope dims in order.
             @memset(q_lat, 0);
             for (0..m.nope_dim) |i| {

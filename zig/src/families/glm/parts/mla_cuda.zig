@@ -85,7 +85,7 @@ pub fn upload(model: *GpuModel, source: *const Mla, diag: *Diagnostic) Error!Gpu
     const wuv_t = try gpa.alloc(f32, c.heads * m.kv_lora_rank * m.v_dim);
     defer gpa.free(wuv_t);
     for (0..c.heads) |h| {
-        const rows = source.kv_b_dense[h * block * m.kv_lora_rank ..][0 .. block * m.kv_lora_rank];
+        const rows = source.kvRows()[h * block * m.kv_lora_rank ..][0 .. block * m.kv_lora_rank];
         @memcpy(wuk[h * m.nope_dim * m.kv_lora_rank ..][0 .. m.nope_dim * m.kv_lora_rank], rows[0 .. m.nope_dim * m.kv_lora_rank]);
         for (0..m.v_dim) |j| {
             for (0..m.kv_lora_rank) |lane| wuv_t[(h * m.kv_lora_rank + lane) * m.v_dim + j] = rows[(m.nope_dim + j) * m.kv_lora_rank + lane];
