@@ -11,6 +11,8 @@ import sys
 import time
 
 import httpx
+import openai
+import scripted_model
 from conftest import ROOT
 
 
@@ -50,3 +52,20 @@ def running_server(*args: str, env: dict | None = None, timeout_s: float = 60.0)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@contextlib.contextmanager
+def served_with_client(*args: str, timeout: float = 60.0):
+    """running_server(*args) and an OpenAI SDK client of its /v1 (no retries: a test sees each
+    request's own outcome): (base, client)."""
+    with running_server(*args) as (base, _):
+        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+@contextlib.contextmanager
+def scripted_server(directory):
+    """The scripted model (scripted_model.py) written under `directory` and served:
+    (base, client, model_dir)."""
+    model_dir = scripted_model.write(directory / "glm-scripted")
+    with served_with_client("--model", str(model_dir)) as (base, client):
+        yield base, client, model_dir

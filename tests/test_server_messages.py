@@ -12,11 +12,10 @@ import re
 import time
 
 import httpx
-import openai
 import pytest
 import scripted_model
 from glm_fixtures import checkpoint_dir
-from server_process import running_server
+from server_process import scripted_server, served_with_client
 
 TOOLS = [{"name": "get_weather", "description": "Current weather in a city",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -27,15 +26,14 @@ QUESTION = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
-    model_dir = scripted_model.write(tmp_path_factory.mktemp("scripted") / "glm-scripted")
-    with running_server("--model", str(model_dir)) as (base, _):
-        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
+    with scripted_server(tmp_path_factory.mktemp("scripted")) as (base, client, _):
+        yield base, client
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    with running_server("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny") as (base, _):
-        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    with served_with_client("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", timeout=120) as served:
+        yield served
 
 
 def post(base: str, body: dict, path: str = "/v1/messages") -> httpx.Response:

@@ -9,11 +9,10 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 import scripted_model
 from glm_fixtures import checkpoint_dir
-from server_process import running_server
+from server_process import scripted_server, served_with_client
 
 QUESTION = [{"role": "user", "content": "Describe a city as JSON."}]
 SCHEMAS = {
@@ -44,8 +43,8 @@ SEEDS = range(3)  # x n = 4 choices each: 12 draws per case
 
 @pytest.fixture(scope="module")
 def client():
-    with running_server("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", "--max-seqs", "8") as (base, _):
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    with served_with_client("--model", str(checkpoint_dir("3.0")), "--model-name", "glm-tiny", "--max-seqs", "8", timeout=120) as (_, client):
+        yield client
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
@@ -117,9 +116,8 @@ def test_unenforceable_requests_get_a_400(client, fields, param, fragment):
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
-    model_dir = scripted_model.write(tmp_path_factory.mktemp("scripted") / "glm-scripted")
-    with running_server("--model", str(model_dir)) as (base, _):
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
+    with scripted_server(tmp_path_factory.mktemp("scripted")) as (_, client, _model_dir):
+        yield client
 
 
 def test_grammars_start_after_the_reasoning(scripted):

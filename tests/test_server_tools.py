@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 import scripted_model
-from server_process import running_server
+from server_process import scripted_server, served_with_client
 
 from trellisforge.tokenizer import Tokenizer
 
@@ -19,9 +18,8 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
-    model_dir = scripted_model.write(tmp_path_factory.mktemp("scripted") / "glm-scripted")
-    with running_server("--model", str(model_dir)) as (base, _):
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60), Tokenizer(model_dir)
+    with scripted_server(tmp_path_factory.mktemp("scripted")) as (_, client, model_dir):
+        yield client, Tokenizer(model_dir)
 
 
 def test_tool_call_round_trip(scripted):
@@ -74,8 +72,8 @@ def test_without_tools_the_call_stays_text(scripted):
 @pytest.fixture(scope="module")
 def repeating(tmp_path_factory):
     model_dir = scripted_model.write(tmp_path_factory.mktemp("repeating") / "glm-repeating", repeat_calls=True)
-    with running_server("--model", str(model_dir)) as (base, _):
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
+    with served_with_client("--model", str(model_dir)) as (_, client):
+        yield client
 
 
 @pytest.mark.parametrize("stream", [False, True])
