@@ -75,6 +75,27 @@ pub const Linear = struct {
         }
     }
 
+    /// An unquantized copy of an EXL3 projection: its weight dequantized to f32 (out_features,
+    /// in_features), its bias widened.
+    pub fn dequantized(linear: *const Linear, gpa: std.mem.Allocator) Error!Linear {
+        const layer = &linear.kind.exl3;
+        const weight = try gpa.alloc(f32, linear.out_features * linear.in_features);
+        errdefer gpa.free(weight);
+        const full = try gpa.alloc(f32, layer.rows * layer.columns + linear.in_features * linear.out_features);
+        defer gpa.free(full);
+        const columns = full[layer.rows * layer.columns ..]; // (in, out): y = x @ W
+        exl3.linear_cpu.dequantize(layer, linear.in_features, linear.out_features, full[0 .. layer.rows * layer.columns], columns);
+        for (0..linear.out_features) |o| {
+            for (0..linear.in_features) |i| weight[o * linear.in_features + i] = columns[i * linear.out_features + o];
+        }
+        const bias: ?[]f32 = if (layer.bias) |b| blk: {
+            const values = try gpa.alloc(f32, linear.out_features);
+            for (values, 0..) |*v, n| v.* = b.get(n);
+            break :blk values;
+        } else null;
+        return .{ .in_features = linear.in_features, .out_features = linear.out_features, .kind = .{ .dense = .{ .weight = weight, .bias = bias } } };
+    }
+
     pub fn deinit(linear: *Linear, gpa: std.mem.Allocator) void {
         switch (linear.kind) {
             .exl3 => |*layer| layer.deinit(gpa),

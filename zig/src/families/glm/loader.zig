@@ -98,6 +98,22 @@ pub const Loader = struct {
         return result;
     }
 
+    /// The projection at `prefix` unquantized, remembered as `linear`'s are: an EXL3 one
+    /// dequantized into an f32 weight (its own buffers freed), for a part that reads the weight's
+    /// rows and never runs it as a projection (MLA's kv_b).
+    pub fn unquantizedLinear(loader: *Loader, prefix: []const u8, in_features: usize, out_features: usize) Error!Linear {
+        var result = try linear_mod.load(loader.gpa, loader.checkpoint, prefix, in_features, out_features, loader.diag);
+        errdefer result.deinit(loader.gpa);
+        if (result.kind == .exl3) {
+            const dense = try result.dequantized(loader.gpa);
+            result.deinit(loader.gpa);
+            result = dense;
+        }
+        loader.claimPrefix(prefix);
+        try loader.keep(result);
+        return result;
+    }
+
     /// Takes a Linear made elsewhere (a tied head) into the failure cleanup.
     pub fn keep(loader: *Loader, result: Linear) Error!void {
         loader.linears.append(loader.gpa, result) catch |err| {
@@ -144,4 +160,37 @@ test "MTP layers are skipped, others are not" {
     try std.testing.expect(isSkipped("model.language_model.layers.8.eh_proj.trellis", "model.language_model", 8));
     try std.testing.expect(isSkipped("model.visual.blocks.0.attn.k_proj.trellis", "model.language_model", 8));
     try std.testing.expect(!isSkipped("model.language_model.layers.7.hc_attn_fn", "model.language_model", 8));
+}
+
+test "a projection dequantized at load is the one a failed load frees" {
+    const gpa = std.testing.allocator;
+    // One 128 x 128 EXL3 layer at 3 bits (48 words a tile), every byte 0x3C (f16 scales of ~1).
+    const header =
+        \\{"kv.trellis":{"dtype":"I16","shape":[8,8,48],"data_offsets":[0,6144]},
+        \\ "kv.suh":{"dtype":"F16","shape":[128],"data_offsets":[6144,6400]},
+        \\ "kv.svh":{"dtype":"F16","shape":[128],"data_offsets":[6400,6656]}}
+    ;
+    const bytes = try gpa.alloc(u8, 8 + header.len + 6656);
+    defer gpa.free(bytes);
+    std.mem.writeInt(u64, bytes[0..8], header.len, .little);
+    @memcpy(bytes[8..][0..header.len], header);
+    @memset(bytes[8 + header.len ..], 0x3C);
+    var diag: Diagnostic = .{};
+    var file = try core.safetensors.File.parse(gpa, bytes, &diag);
+    defer file.deinit();
+    var checkpoint: core.Checkpoint = .{ .gpa = gpa, .arena = undefined, .shards = &.{}, .tensors = file.tensors, .config = null };
+    const claimed = try gpa.alloc(bool, file.tensors.len);
+    defer gpa.free(claimed);
+    @memset(claimed, false);
+    var loader: Loader = .{ .gpa = gpa, .checkpoint = &checkpoint, .config = undefined, .claimed = claimed, .diag = &diag, .linears = .empty };
+    defer loader.linears.deinit(gpa);
+
+    const linear = try loader.unquantizedLinear("kv", 128, 128);
+    try std.testing.expect(linear.kind == .dense and linear.kind.dense.weight.len == 128 * 128);
+    try std.testing.expect(std.math.isFinite(linear.kind.dense.weight[0]) and linear.kind.dense.weight[0] != 0);
+    for (claimed) |c| try std.testing.expect(c);
+    // A later part failing: weights.zig frees every remembered projection. Remembering the EXL3
+    // layer instead of its dequantized copy leaked the copy (the testing allocator says so).
+    try std.testing.expectEqual(@as(usize, 1), loader.linears.items.len);
+    for (loader.linears.items) |*remembered| remembered.deinit(gpa);
 }

@@ -11,7 +11,6 @@
 //! fixtures' reference logits). With a DSA indexer (dsa.zig) a row attends to its selection only.
 const std = @import("std");
 const core = @import("../../../core/root.zig");
-const exl3 = @import("../../../exl3/root.zig");
 const loader_mod = @import("../loader.zig");
 const config_mod = @import("../config.zig");
 const Linear = @import("../linear.zig").Linear;
@@ -60,7 +59,7 @@ pub const Mla = struct {
         }
         result.kv_a = try loader.linear(name(&buffer, prefix, "kv_a_proj_with_mqa"), c.hidden_size, m.cacheWidth(), bias);
         result.kv_a_norm = try loader.vector(name(&buffer, prefix, "kv_a_layernorm.weight"), m.kv_lora_rank);
-        result.kv_b = try unquantized(loader, try loader.linear(name(&buffer, prefix, "kv_b_proj"), m.kv_lora_rank, c.heads * (m.nope_dim + m.v_dim), .none));
+        result.kv_b = try loader.unquantizedLinear(name(&buffer, prefix, "kv_b_proj"), m.kv_lora_rank, c.heads * (m.nope_dim + m.v_dim));
         result.o = try loader.linear(name(&buffer, prefix, "o_proj"), c.heads * m.v_dim, c.hidden_size, bias);
         result.indexer = null;
         result.pooled = null;
@@ -143,29 +142,6 @@ pub const Mla = struct {
 /// The layer's index in each part's cache.
 pub const Layers = struct { mla: usize, index: usize };
 pub const Caches = struct { mla: *Cache, index: ?*dsa.Cache };
-
-/// `linear` unquantized: an EXL3 one dequantized into an f32 (out_features, in_features) weight
-/// (its trellis freed), an unquantized one as it is.
-fn unquantized(loader: *loader_mod.Loader, linear: Linear) loader_mod.Error!Linear {
-    var source = linear;
-    const layer = switch (source.kind) {
-        .dense => return source,
-        .exl3 => |*layer| layer,
-    };
-    errdefer source.deinit(loader.gpa);
-    const weight = try loader.gpa.alloc(f32, source.out_features * source.in_features);
-    errdefer loader.gpa.free(weight);
-    const full = try loader.gpa.alloc(f32, layer.rows * layer.columns + source.in_features * source.out_features);
-    defer loader.gpa.free(full);
-    const columns = full[layer.rows * layer.columns ..]; // (in, out): y = x @ W
-    exl3.linear_cpu.dequantize(layer, source.in_features, source.out_features, full[0 .. layer.rows * layer.columns], columns);
-    for (0..source.out_features) |o| {
-        for (0..source.in_features) |i| weight[o * source.in_features + i] = columns[i * source.out_features + o];
-    }
-    const shape: Linear = .{ .in_features = source.in_features, .out_features = source.out_features, .kind = .{ .dense = .{ .weight = weight, .bias = null } } };
-    source.deinit(loader.gpa);
-    return shape;
-}
 
 const Job = struct {
     config: *const Config,
