@@ -87,28 +87,34 @@ pub const Loader = struct {
 
     /// The projection at `prefix`, remembered so that a failure later in the load frees it.
     pub fn linear(loader: *Loader, prefix: []const u8, in_features: usize, out_features: usize, bias: Bias) Error!Linear {
-        var result = try linear_mod.load(loader.gpa, loader.checkpoint, prefix, in_features, out_features, loader.diag);
-        errdefer result.deinit(loader.gpa);
-        if (bias == .required and !result.hasBias()) {
-            loader.diag.set("missing tensor '{s}.bias' (config.json has attention_bias = true)", .{prefix});
-            return error.MissingTensor;
-        }
-        loader.claimPrefix(prefix);
-        try loader.keep(result);
-        return result;
+        const result = loaded: {
+            var result = try linear_mod.load(loader.gpa, loader.checkpoint, prefix, in_features, out_features, loader.diag);
+            errdefer result.deinit(loader.gpa);
+            if (bias == .required and !result.hasBias()) {
+                loader.diag.set("missing tensor '{s}.bias' (config.json has attention_bias = true)", .{prefix});
+                return error.MissingTensor;
+            }
+            break :loaded result;
+        };
+        return loader.remember(prefix, result);
     }
 
     /// The projection at `prefix` unquantized, remembered as `linear`'s are: an EXL3 one
     /// dequantized into an f32 weight (its own buffers freed), for a part that reads the weight's
     /// rows and never runs it as a projection (MLA's kv_b).
     pub fn unquantizedLinear(loader: *Loader, prefix: []const u8, in_features: usize, out_features: usize) Error!Linear {
-        var result = try linear_mod.load(loader.gpa, loader.checkpoint, prefix, in_features, out_features, loader.diag);
-        errdefer result.deinit(loader.gpa);
-        if (result.kind == .exl3) {
-            const dense = try result.dequantized(loader.gpa);
-            result.deinit(loader.gpa);
-            result = dense;
-        }
+        const result = loaded: {
+            var source = try linear_mod.load(loader.gpa, loader.checkpoint, prefix, in_features, out_features, loader.diag);
+            if (source.kind == .dense) break :loaded source;
+            defer source.deinit(loader.gpa);
+            break :loaded try source.dequantized(loader.gpa);
+        };
+        return loader.remember(prefix, result);
+    }
+
+    /// `result` claimed and taken into the failure cleanup. Past the loading's own errdefer:
+    /// keep frees it when it cannot take it, and a second free there was a double free.
+    fn remember(loader: *Loader, prefix: []const u8, result: Linear) Error!Linear {
         loader.claimPrefix(prefix);
         try loader.keep(result);
         return result;
@@ -163,8 +169,13 @@ test "MTP layers are skipped, others are not" {
 }
 
 test "a projection dequantized at load is the one a failed load frees" {
-    const gpa = std.testing.allocator;
-    // One 128 x 128 EXL3 layer at 3 bits (48 words a tile), every byte 0x3C (f16 scales of ~1).
+    try std.testing.checkAllAllocationFailures(std.testing.allocator, loadDequantized, .{});
+}
+
+/// One 128 x 128 EXL3 layer at 3 bits (48 words a tile), every byte 0x3C (f16 scales of ~1),
+/// loaded unquantized and then freed as a failed load frees what the loader remembered. Run with
+/// every allocation failing in turn: nothing leaks and nothing is freed twice.
+fn loadDequantized(gpa: std.mem.Allocator) !void {
     const header =
         \\{"kv.trellis":{"dtype":"I16","shape":[8,8,48],"data_offsets":[0,6144]},
         \\ "kv.suh":{"dtype":"F16","shape":[128],"data_offsets":[6144,6400]},
@@ -184,13 +195,13 @@ test "a projection dequantized at load is the one a failed load frees" {
     @memset(claimed, false);
     var loader: Loader = .{ .gpa = gpa, .checkpoint = &checkpoint, .config = undefined, .claimed = claimed, .diag = &diag, .linears = .empty };
     defer loader.linears.deinit(gpa);
+    // A later part failing: weights.zig frees every remembered projection. Remembering the EXL3
+    // layer instead of its dequantized copy leaked the copy.
+    defer for (loader.linears.items) |*remembered| remembered.deinit(gpa);
 
     const linear = try loader.unquantizedLinear("kv", 128, 128);
     try std.testing.expect(linear.kind == .dense and linear.kind.dense.weight.len == 128 * 128);
     try std.testing.expect(std.math.isFinite(linear.kind.dense.weight[0]) and linear.kind.dense.weight[0] != 0);
     for (claimed) |c| try std.testing.expect(c);
-    // A later part failing: weights.zig frees every remembered projection. Remembering the EXL3
-    // layer instead of its dequantized copy leaked the copy (the testing allocator says so).
     try std.testing.expectEqual(@as(usize, 1), loader.linears.items.len);
-    for (loader.linears.items) |*remembered| remembered.deinit(gpa);
 }
