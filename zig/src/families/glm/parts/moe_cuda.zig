@@ -235,8 +235,11 @@ pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usiz
 
 /// The shared expert of `moe` when it can ride in the routed experts' launches: one shared expert
 /// whose three projections are EXL3 of the routed experts' rate, codebook and shape (then its
-/// output is the last slot of each row, weight 1, summed last as before: the same bits).
-/// `allowed`: the TF_CUDA_SHARED_MERGE switch.
+/// output is the last slot of each row, weight 1, summed last as before). Merged, its GEMVs take the
+/// routed table's k splits (gemv_splits follows a table's entries); apart, its own. Where those
+/// agree (the fixture's shapes, GLM-5.3-Flash's) the two forms are the same bits; elsewhere they
+/// differ at f32 rounding (GLM-4.5-Air's down: 3 splits merged, 6 apart; 1e-5 in the logits,
+/// docs/measurements.md). `allowed`: the TF_CUDA_SHARED_MERGE switch.
 pub fn mergedShared(moe: *const Moe, allowed: bool) ?*const Mlp {
     const shared = if (moe.shared) |*mlp| mlp else return null;
     if (!allowed or moe.experts.len == 0) return null;
