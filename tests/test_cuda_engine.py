@@ -206,14 +206,39 @@ def test_programmatic_launches_give_the_bits_of_launches_in_order(monkeypatch):
 def test_the_shared_expert_merged_or_apart_gives_the_same_bits(monkeypatch):
     """The shared expert rides in the routed experts' launches (the last slot of each row, weight
     1) unless TF_CUDA_SHARED_MERGE=0 keeps it on its own: prompt logits (prompt kernels) and the
-    log-probabilities of generated tokens (GEMV) are the same bits either way at this fixture's
-    shapes, where its own launches take the routed table's k splits (at GLM-4.5-Air's they do not,
-    and the two differ at f32 rounding: moe_cuda.mergedShared)."""
+    log-probabilities of generated tokens (GEMV) are the same bits either way (apart, its launches
+    take the merged table's k splits: moe_cuda.mergedShared)."""
     p = prompts()
     merged = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     monkeypatch.setenv("TF_CUDA_SHARED_MERGE", "0")
     apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
     assert_same_bits(merged, apart, p)
+
+
+def test_the_shared_expert_on_a_second_stream_gives_the_same_bits(monkeypatch):
+    """A decode step runs each MoE layer's shared expert on a second stream beside the router and
+    the routed experts (shared_side_cuda.zig; merged into the routed launches for prompt steps)
+    unless TF_CUDA_SHARED_SIDE=0 keeps it in the main stream's launches: prompt logits, generated
+    tokens and their log-probabilities are the same bits either way, from replayed graphs (the fork
+    and join as graph edges) and from direct launches, merged or apart."""
+    p = prompts()
+    config = model_config("3.0")
+    moe_layers = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    side = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
+    assert side.stats()["shared_side_layers"] == moe_layers
+    monkeypatch.setenv("TF_CUDA_SHARED_SIDE", "0")
+    serial = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
+    assert serial.stats()["shared_side_layers"] == 0
+    assert_same_bits(side, serial, p)
+    assert side.stats()["graph_replays"] > 0
+    monkeypatch.delenv("TF_CUDA_SHARED_SIDE")
+    monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
+    direct = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
+    assert_same_bits(direct, serial, p)
+    monkeypatch.setenv("TF_CUDA_SHARED_MERGE", "0")
+    apart = trellisforge.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=2, kv_dtype="f32")
+    assert apart.stats()["shared_side_layers"] == moe_layers
+    assert_same_bits(apart, serial, p)
 
 
 def test_k_and_v_in_one_launch_or_two_give_the_same_bits(monkeypatch):

@@ -211,7 +211,7 @@ class Engine:
             "sequences_max", "context_tokens_max", "vocab_size", "graph_replays",
             "prompt_rows", "prompt_layers", "gpu_sampled", "kv_pairs", "state_bytes_per_sequence",
             "state_bytes_total", "prefix_cache", "pages_cached", "prefix_hit_tokens", "prefix_miss_tokens",
-            "kv_bytes_per_token", "preemptions")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype], "programmatic_launch": bool(out.programmatic_launch)}
+            "kv_bytes_per_token", "preemptions", "shared_side_layers")} | {"kv_dtype": KV_DTYPE_NAMES[out.kv_dtype], "programmatic_launch": bool(out.programmatic_launch)}
 
     def time_next_step(self) -> None:
         """Times the next `step`'s forward launch by launch (the cuda backend: one GPU, or rank 0 of a GPU group); read it

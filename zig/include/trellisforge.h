@@ -193,7 +193,7 @@ typedef struct {
     uint32_t kv_reserved;
     uint64_t kv_bytes_per_token; /* cache bytes one position takes across every layer and part */
     uint32_t programmatic_launch; /* 1: GPU kernels launch before their predecessor ends (sm_90+; TF_CUDA_PDL=0 off) */
-    uint32_t launch_reserved;
+    uint32_t shared_side_layers;  /* MoE layers whose shared expert a decode step runs on a second GPU stream (TF_CUDA_SHARED_SIDE=0 off) */
     uint64_t preemptions;        /* sequences sent back to wait when the shared page pool ran out
                                     (they compute their tokens again, then go on as before) */
 } tf_engine_stats;

@@ -37,6 +37,7 @@ pub const Api = struct {
     cuStreamCreate: *const fn (*Stream, c_uint) callconv(.c) Result,
     cuStreamDestroy_v2: *const fn (Stream) callconv(.c) Result,
     cuStreamSynchronize: *const fn (Stream) callconv(.c) Result,
+    cuStreamWaitEvent: *const fn (Stream, Event, c_uint) callconv(.c) Result,
     cuEventCreate: *const fn (*Event, c_uint) callconv(.c) Result,
     cuEventDestroy_v2: *const fn (Event) callconv(.c) Result,
     cuEventRecord: *const fn (Event, Stream) callconv(.c) Result,
@@ -100,6 +101,8 @@ pub const stream_capture_mode_thread_local = 1;
 /// CU_EVENT_RECORD_EXTERNAL: an event recorded while capturing becomes a node of the graph that
 /// records it on every replay (without it, capture takes the record as a fork point only).
 pub const event_record_external = 1;
+/// CU_EVENT_DISABLE_TIMING: an event that only orders streams.
+pub const event_disable_timing = 2;
 
 /// Names for the results a user is most likely to meet, for drivers too old for cuGetErrorName.
 const known_results = [_]struct { Result, []const u8 }{

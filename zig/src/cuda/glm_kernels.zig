@@ -191,6 +191,9 @@ pub const Kernels = struct {
         codebook: u8,
         /// Table entries the items may name (0: items / group_items, the plain layers).
         layers: usize = 0,
+        /// The table entries the k split follows (gemv_splits) when not `layers`: a shared expert
+        /// run apart takes its merged table's splits, so both forms sum alike (0: `layers`).
+        split_entries: usize = 0,
         /// With scratch: the grouped path (items sorted by layer, groups of up to 16 sharing each
         /// decoded tile) when there are at least 4 items per layer. Its results equal the item
         /// path's bit for bit.
@@ -208,7 +211,8 @@ pub const Kernels = struct {
         // is faster (tf-bench: 16 rows over 128 experts took 1.9 ms grouped, 1.2 ms by item).
         if (c.grouping) |g| if (layers <= group_layers_max and c.items >= 4 * layers) return k.exl3GroupLinear(c, g, group_items, layers);
         k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c.k_p, c.n_p, c.bits2));
-        const split_tiles = splitTiles(c.k_p, c.n_p, layers);
+        const split_entries = if (c.split_entries != 0) c.split_entries else layers;
+        const split_tiles = splitTiles(c.k_p, c.n_p, split_entries);
         var a = .{
             c.x,                               c.up,                                                                     c.source_rows,                       c.layer_of_item,
             c.table,                           c.acc,                                                                    c.counters,                          c.y,
@@ -218,7 +222,7 @@ pub const Kernels = struct {
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, layers)), @intCast(c.items) }, 256, ptrs);
+        try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, split_entries)), @intCast(c.items) }, 256, ptrs);
     }
 
     /// Sorts `items` items by table entry (layer_of_item, or i / group_items when 0; entries of -1
@@ -236,6 +240,7 @@ pub const Kernels = struct {
     }
 
     fn exl3GroupLinear(k: Kernels, c: Exl3Call, g: Grouping, group_items: usize, layers: usize) Error!void {
+        const split_entries = if (c.split_entries != 0) c.split_entries else layers;
         const items: c_int = @intCast(c.items);
         const group_items_c: c_int = @intCast(group_items);
         // Plain layers' groups are known without sorting (tf_exl3_group_linear computes them).
@@ -244,18 +249,18 @@ pub const Kernels = struct {
         k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c.k_p, c.n_p, c.bits2));
         const none: Ptr = 0;
         var a = .{
-            c.x,                                                    c.up,                          c.source_rows,                       c.table,
-            if (sorted) g.sorted else none,                         if (sorted) g.first else none, if (sorted) g.count else none,       if (sorted) g.layer else none,
-            if (sorted) g.total else none,                          c.acc,                         c.counters,                          c.y,
-            items,                                                  group_items_c,                 @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
-            @as(c_int, @intCast(c.k_p)),                            @as(c_int, @intCast(c.n_p)),   @as(c_int, c.bits2),                 @as(c_int, c.codebook),
-            @as(c_int, @intCast(splitTiles(c.k_p, c.n_p, layers))),
+            c.x,                                                           c.up,                          c.source_rows,                       c.table,
+            if (sorted) g.sorted else none,                                if (sorted) g.first else none, if (sorted) g.count else none,       if (sorted) g.layer else none,
+            if (sorted) g.total else none,                                 c.acc,                         c.counters,                          c.y,
+            items,                                                         group_items_c,                 @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.out_features)),
+            @as(c_int, @intCast(c.k_p)),                                   @as(c_int, @intCast(c.n_p)),   @as(c_int, c.bits2),                 @as(c_int, c.codebook),
+            @as(c_int, @intCast(splitTiles(c.k_p, c.n_p, split_entries))),
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
         // Plain layers of at most 8 rows a layer (steps of up to 8 streams) take the one-n8-block
         // form: the same arithmetic per row, so the same bits.
-        const grid: [3]u32 = .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, layers)), @intCast(groupsMax(c.items, layers)) };
+        const grid: [3]u32 = .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, split_entries)), @intCast(groupsMax(c.items, layers)) };
         if (!sorted and group_items <= group_rows_narrow) return k.run("tf_exl3_group_linear8", grid, 256, ptrs);
         try k.run("tf_exl3_group_linear", grid, 256, ptrs);
     }

@@ -13,7 +13,15 @@ pub const Gpu = struct {
     driver: Driver,
     device: driver_api.Device,
     context: driver_api.Context,
+    /// Where launches and copies go: `main`, or `side` between forkSide and joinSide.
     stream: driver_api.Stream,
+    main: driver_api.Stream,
+    /// A second stream for work that can run beside the main stream's (the MoE layer's shared
+    /// expert beside its router and routed experts), ordered by two events; a recorded forward
+    /// keeps the fork and the join as graph edges.
+    side: driver_api.Stream,
+    forked: driver_api.Event,
+    joined: driver_api.Event,
     name_buffer: [256]u8,
     name_len: usize,
     compute_capability: u32,
@@ -36,7 +44,14 @@ pub const Gpu = struct {
         try driver.check(api.cuDevicePrimaryCtxRetain(&gpu.context, gpu.device), "cuDevicePrimaryCtxRetain", diag);
         errdefer _ = api.cuDevicePrimaryCtxRelease_v2(gpu.device);
         try driver.check(api.cuCtxSetCurrent(gpu.context), "cuCtxSetCurrent", diag);
-        try driver.check(api.cuStreamCreate(&gpu.stream, 1), "cuStreamCreate", diag); // 1: non-blocking
+        try driver.check(api.cuStreamCreate(&gpu.main, 1), "cuStreamCreate", diag); // 1: non-blocking
+        errdefer _ = api.cuStreamDestroy_v2(gpu.main);
+        gpu.stream = gpu.main;
+        try driver.check(api.cuStreamCreate(&gpu.side, 1), "cuStreamCreate", diag);
+        errdefer _ = api.cuStreamDestroy_v2(gpu.side);
+        try driver.check(api.cuEventCreate(&gpu.forked, driver_api.event_disable_timing), "cuEventCreate", diag);
+        errdefer _ = api.cuEventDestroy_v2(gpu.forked);
+        try driver.check(api.cuEventCreate(&gpu.joined, driver_api.event_disable_timing), "cuEventCreate", diag);
 
         gpu.name_buffer = @splat(0);
         _ = api.cuDeviceGetName(&gpu.name_buffer, gpu.name_buffer.len, gpu.device);
@@ -50,10 +65,34 @@ pub const Gpu = struct {
     }
 
     pub fn close(gpu: *Gpu) void {
-        _ = gpu.driver.api.cuStreamDestroy_v2(gpu.stream);
+        _ = gpu.driver.api.cuEventDestroy_v2(gpu.joined);
+        _ = gpu.driver.api.cuEventDestroy_v2(gpu.forked);
+        _ = gpu.driver.api.cuStreamDestroy_v2(gpu.side);
+        _ = gpu.driver.api.cuStreamDestroy_v2(gpu.main);
         _ = gpu.driver.api.cuDevicePrimaryCtxRelease_v2(gpu.device);
         gpu.driver.close();
         gpu.* = undefined;
+    }
+
+    /// Launches go to the side stream from here, after everything queued on the main stream so far.
+    pub fn forkSide(gpu: *Gpu, diag: *Diagnostic) Error!void {
+        std.debug.assert(gpu.stream == gpu.main);
+        try gpu.driver.check(gpu.driver.api.cuEventRecord(gpu.forked, gpu.main), "cuEventRecord", diag);
+        try gpu.driver.check(gpu.driver.api.cuStreamWaitEvent(gpu.side, gpu.forked, 0), "cuStreamWaitEvent", diag);
+        gpu.stream = gpu.side;
+    }
+
+    /// Launches go to the main stream again; the side's so far are marked for awaitSide.
+    pub fn leaveSide(gpu: *Gpu, diag: *Diagnostic) Error!void {
+        std.debug.assert(gpu.stream == gpu.side);
+        gpu.stream = gpu.main;
+        try gpu.driver.check(gpu.driver.api.cuEventRecord(gpu.joined, gpu.side), "cuEventRecord", diag);
+    }
+
+    /// What the main stream queues next waits for the side's work before leaveSide.
+    pub fn awaitSide(gpu: *Gpu, diag: *Diagnostic) Error!void {
+        std.debug.assert(gpu.stream == gpu.main);
+        try gpu.driver.check(gpu.driver.api.cuStreamWaitEvent(gpu.main, gpu.joined, 0), "cuStreamWaitEvent", diag);
     }
 
     pub fn name(gpu: *const Gpu) []const u8 {

@@ -47,7 +47,8 @@ pub const Stats = extern struct {
     kv_reserved: u32 = 0,
     kv_bytes_per_token: u64,
     programmatic_launch: u32,
-    launch_reserved: u32 = 0,
+    /// MoE layers whose shared expert a decode step runs on a second stream.
+    shared_side_layers: u32,
     /// Sequences preempted for pages since the engine began (admission.zig).
     preemptions: u64,
 };

@@ -36,6 +36,7 @@ pub fn of(engine: *const Engine) Stats {
         .kv_dtype = engine.params.kv_dtype,
         .kv_bytes_per_token = glm.cache.bytesPerToken(engine.config(), params_mod.kvDtype(engine.params)),
         .programmatic_launch = @intFromBool(if (engine.gpuModel()) |model| model.gpu.programmatic else false),
+        .shared_side_layers = if (engine.gpuModel()) |model| model.sharedSideLayers() else 0,
         .preemptions = engine.preemptions,
     };
 }

@@ -21,6 +21,7 @@ const GpuMlp = mlp_cuda.GpuMlp;
 const mla_cuda = @import("parts/mla_cuda.zig");
 const dsa_cuda = @import("parts/dsa_cuda.zig");
 const kda_cuda = @import("parts/kda_cuda.zig");
+const shared_side = @import("parts/shared_side_cuda.zig");
 
 /// Every per-forward buffer, for the largest step the limits allow.
 pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
@@ -105,6 +106,7 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.host_row_tables = try gpa.alloc(i32, row_table_count * rows);
     errdefer gpa.free(model.host_row_tables);
     model.host_attention = try gpa.alloc(i32, 1 + 3 * rows);
+    model.side = try shared_side.allocate(model, diag);
 }
 
 /// The prompt path's buffers: the row tables a prompt step uploads, the routed experts' layers,
@@ -165,7 +167,40 @@ pub fn rowTable(model: *const GpuModel, comptime which: enum { flag, gemv, promp
     return model.row_tables + @backingInt(which) * model.limits.rows_max * 4;
 }
 
-const LinearScratch = struct { partials: usize = 1, counters: usize = 1, items: usize = 1, groups: usize = 1 };
+/// Partial sums, counters, items and groups the GEMV launches of some linears need (`add` and the
+/// helpers below take the largest over their calls).
+pub const LinearScratch = struct {
+    partials: usize = 1,
+    counters: usize = 1,
+    items: usize = 1,
+    groups: usize = 1,
+
+    pub fn add(n: *LinearScratch, k_p: usize, n_p: usize, items: usize, layers: usize) void {
+        n.partials = @max(n.partials, K.splitsMax(k_p, n_p) * items * n_p);
+        n.counters = @max(n.counters, K.countersFor(@max(items, K.groupsMax(items, layers)), n_p));
+        n.items = @max(n.items, items);
+        n.groups = @max(n.groups, K.groupsMax(items, layers));
+    }
+
+    pub fn linear(n: *LinearScratch, l_: *const GpuLinear, items: usize) void {
+        switch (l_.kind) {
+            .exl3 => |e| n.add(e.k_p, e.n_p, items, 1),
+            .dense => {},
+        }
+    }
+
+    pub fn parts(n: *LinearScratch, p: ?linear_parts.Parts, rows: usize) void {
+        const s = (p orelse return).scratch(rows);
+        n.partials = @max(n.partials, s.partials);
+        n.counters = @max(n.counters, s.counters);
+    }
+
+    pub fn mlp(n: *LinearScratch, m: *const GpuMlp, rows: usize) void {
+        n.linear(&m.gate, 2 * rows);
+        if (m.gate.kind == .exl3) n.add(m.gate.kind.exl3.k_p, m.gate.kind.exl3.n_p, 2 * rows, 2);
+        n.linear(&m.down, rows);
+    }
+};
 
 /// What the largest tf_exl3_item_linear call needs: splits x items x n_p partial sums and a
 /// completion counter per (item, 128 columns). Gate/up pairs run twice the items.
@@ -173,54 +208,30 @@ pub fn linearScratchNeeded(model: *const GpuModel) LinearScratch {
     const c = model.config;
     const l = model.limits;
     var need: LinearScratch = .{};
-    const Need = struct {
-        fn add(n: *LinearScratch, k_p: usize, n_p: usize, items: usize, layers: usize) void {
-            n.partials = @max(n.partials, K.splitsMax(k_p, n_p) * items * n_p);
-            n.counters = @max(n.counters, K.countersFor(@max(items, K.groupsMax(items, layers)), n_p));
-            n.items = @max(n.items, items);
-            n.groups = @max(n.groups, K.groupsMax(items, layers));
-        }
-        fn linear(n: *LinearScratch, l_: *const GpuLinear, items: usize) void {
-            switch (l_.kind) {
-                .exl3 => |e| add(n, e.k_p, e.n_p, items, 1),
-                .dense => {},
-            }
-        }
-        fn parts(n: *LinearScratch, p: ?linear_parts.Parts, rows: usize) void {
-            const s = (p orelse return).scratch(rows);
-            n.partials = @max(n.partials, s.partials);
-            n.counters = @max(n.counters, s.counters);
-        }
-        fn mlp(n: *LinearScratch, m: *const GpuMlp, rows: usize) void {
-            linear(n, &m.gate, 2 * rows);
-            if (m.gate.kind == .exl3) add(n, m.gate.kind.exl3.k_p, m.gate.kind.exl3.n_p, 2 * rows, 2);
-            linear(n, &m.down, rows);
-        }
-    };
-    Need.linear(&need, &model.lm_head, l.logits_rows_max);
+    need.linear(&model.lm_head, l.logits_rows_max);
     need.counters = @max(need.counters, l.rows_max); // the router's, a counter per row
     need.partials = @max(need.partials, model.dense_partials);
     for (model.blocks) |*block| {
         switch (block.attention) {
             .gqa => |*a| {
-                for ([_]*const GpuLinear{ &a.q, &a.k, &a.v, &a.o }) |linear| Need.linear(&need, linear, l.rows_max);
-                if (a.kv_pair != 0) Need.add(&need, a.k.kind.exl3.k_p, a.k.kind.exl3.n_p, 2 * l.rows_max, 2);
-                Need.parts(&need, a.qkv, l.rows_max);
+                for ([_]*const GpuLinear{ &a.q, &a.k, &a.v, &a.o }) |linear| need.linear(linear, l.rows_max);
+                if (a.kv_pair != 0) need.add(a.k.kind.exl3.k_p, a.k.kind.exl3.n_p, 2 * l.rows_max, 2);
+                need.parts(a.qkv, l.rows_max);
             },
             .mla => |*a| {
-                for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max);
-                Need.parts(&need, a.q_kv_a, l.rows_max);
-                Need.parts(&need, a.q_b_wq_b, l.rows_max);
+                for (a.linears()) |linear| if (linear) |l_| need.linear(l_, l.rows_max);
+                need.parts(a.q_kv_a, l.rows_max);
+                need.parts(a.q_b_wq_b, l.rows_max);
             },
-            .kda => |*a| for (a.linears()) |linear| if (linear) |l_| Need.linear(&need, l_, l.rows_max),
+            .kda => |*a| for (a.linears()) |linear| if (linear) |l_| need.linear(l_, l.rows_max),
         }
         switch (block.ffn) {
-            .dense => |*mlp| Need.mlp(&need, mlp, l.rows_max),
+            .dense => |*mlp| need.mlp(mlp, l.rows_max),
             .moe => |*moe| {
                 const items = l.rows_max * model.slots;
-                Need.add(&need, moe.gate.k_p, moe.gate.n_p, 2 * items, 2 * (c.routed_experts + 1));
-                Need.add(&need, moe.down.k_p, moe.down.n_p, items, c.routed_experts + 1);
-                if (moe.shared) |*mlp| Need.mlp(&need, mlp, l.rows_max);
+                need.add(moe.gate.k_p, moe.gate.n_p, 2 * items, 2 * (c.routed_experts + 1));
+                need.add(moe.down.k_p, moe.down.n_p, items, c.routed_experts + 1);
+                if (moe.shared) |*mlp| need.mlp(mlp, l.rows_max);
             },
         }
     }

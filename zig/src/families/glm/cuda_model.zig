@@ -21,6 +21,7 @@ const linear_cuda = @import("parts/linear_cuda.zig");
 const gqa_cuda = @import("parts/gqa_cuda.zig");
 const mlp_cuda = @import("parts/mlp_cuda.zig");
 const moe_cuda = @import("parts/moe_cuda.zig");
+const shared_side = @import("parts/shared_side_cuda.zig");
 const mla_cuda = @import("parts/mla_cuda.zig");
 const dsa_cuda = @import("parts/dsa_cuda.zig");
 const kda_cuda = @import("parts/kda_cuda.zig");
@@ -94,6 +95,10 @@ pub const GpuModel = struct {
     dense_mma: bool,
     dense_partials: usize,
     merge_shared: bool,
+    /// A decode step's shared expert on the side stream (parts/shared_side_cuda.zig), and its
+    /// buffers (null: no shared expert, or the switch off).
+    shared_side: bool,
+    side: ?shared_side.Scratch,
     /// Hyper-connection sites in fewer launches (TF_CUDA_HC_FUSED=0: maps, collapse and the MoE
     /// combine each on their own; the same bits).
     hyper_fused: bool,
@@ -210,6 +215,7 @@ pub const GpuModel = struct {
     pub const uploadMlp = mlp_cuda.uploadMlp;
     pub const runMlp = mlp_cuda.runMlp;
     pub const runDown = mlp_cuda.runDown;
+    pub const sharedSideLayers = shared_side.layers;
     pub const rowTable = buffers.rowTable;
     pub const uploadBatch = buffers.uploadBatch;
 
@@ -247,7 +253,9 @@ pub const GpuModel = struct {
         model.prompt_deep = P.deepAllowed();
         model.dense_mma = !core.switches.off("TF_CUDA_DENSE_MMA");
         model.dense_partials = 0;
+        model.shared_side = shared_side.allowed();
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
+        model.side = null;
         model.hyper_fused = !core.switches.off("TF_CUDA_HC_FUSED");
         // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.
         model.slots = moe_cuda.slotsOf(weights, model.merge_shared);

@@ -21,7 +21,8 @@ pub const GpuLinear = struct {
     out_features: usize,
     kind: union(enum) {
         /// prompt: the prompt kernels take this weight (for a prompt step's prompt rows).
-        exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8, prompt: bool },
+        /// split_entries: the table entries its k split follows when not its own (K.Exl3Call).
+        exl3: struct { table: Ptr, entry: K.Exl3Layer, k_p: usize, n_p: usize, bits2: u8, codebook: u8, prompt: bool, split_entries: usize = 0 },
         /// mma: on the tensor cores (tf_dense_half / tf_dense_f32), else a warp per output
         /// (inputs not a multiple of 16, or TF_CUDA_DENSE_MMA=0); half: the weight is f16 (every
         /// value of the checkpoint's came through exactly), else f32.
@@ -194,6 +195,7 @@ pub fn exl3Call(model: *const GpuModel, shape: anytype, table: Ptr, in_features:
         .n_p = shape.n_p,
         .bits2 = shape.bits2,
         .codebook = shape.codebook,
+        .split_entries = if (@hasField(@TypeOf(shape), "split_entries")) shape.split_entries else 0,
     };
 }
 

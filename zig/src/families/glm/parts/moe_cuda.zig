@@ -19,6 +19,7 @@ const Config = @import("../config.zig").Config;
 const weights_mod = @import("../weights.zig");
 const linear_cuda = @import("linear_cuda.zig");
 const mlp_cuda = @import("mlp_cuda.zig");
+const shared_side = @import("shared_side_cuda.zig");
 const GroupedLinear = linear_cuda.GroupedLinear;
 const promptShape = linear_cuda.promptShape;
 
@@ -35,6 +36,19 @@ pub const GpuMoe = struct {
     merged: bool = false,
     /// The prompt kernels take this layer's experts.
     prompt: bool = false,
+    /// With the shared expert merged and the side stream allowed (shared_side_cuda.zig): the
+    /// routed experts' gate/up table without it (gate entries 0..E-1, up E..2E-1), and the shared
+    /// expert as launches of its own over the merged tables' weights, for the decode steps that
+    /// run it on the side stream. Prompt steps keep the merged launches.
+    side_gate_up: Ptr = 0,
+    side_shared: ?mlp_cuda.GpuMlp = null,
+
+    /// The shared expert's own launches, where it has them (apart, or beside its merged form).
+    pub fn sideMlp(moe: *const GpuMoe) ?*const mlp_cuda.GpuMlp {
+        if (moe.shared) |*mlp| return mlp;
+        if (moe.side_shared) |*mlp| return mlp;
+        return null;
+    }
 };
 
 /// Everything of a MoE layer but its experts' gate/up tables (uploadGateUp, after every layer).
@@ -49,29 +63,81 @@ pub fn checkShape(c: *const Config, diag: *Diagnostic) Error!void {
 pub fn uploadApart(model: *GpuModel, moe: *const Moe, diag: *Diagnostic) Error!GpuMoe {
     const merged = mergedShared(moe, model.merge_shared);
     const apart: ?*const Mlp = if (merged == null) if (moe.shared) |*mlp| mlp else null else null;
+    var shared: ?mlp_cuda.GpuMlp = if (apart) |mlp| try model.uploadMlp(mlp, diag) else null;
+    // One that could merge keeps the merged form's k splits: merged, apart or on the side stream,
+    // the same sums (gemv_splits follows a table's entries; the grouped and item paths agree).
+    if (shared) |*mlp| if (mergedShared(moe, true) != null) setMergedSplits(mlp, moe.experts.len + 1);
+    var shared_down: K.Exl3Layer = undefined;
+    const down = try grouped(model, moe.experts, merged, "down", &shared_down, diag);
     return .{
         .router = try model.putF32(moe.router, diag),
         .correction = try model.putF32(moe.correction_bias, diag),
         .gate = undefined,
         .up = undefined,
-        .down = try grouped(model, moe.experts, merged, "down", diag),
-        .shared = if (apart) |mlp| try model.uploadMlp(mlp, diag) else null,
+        .down = down,
+        .shared = shared,
         .merged = merged != null,
+        // The view's down, completed with its gate and up in uploadGateUp.
+        .side_shared = if (merged != null and model.shared_side) .{
+            .gate = undefined,
+            .up = undefined,
+            .down = try viewLinear(model, down, shared_down, diag),
+            .pair = 0,
+        } else null,
+    };
+}
+
+/// A shared expert's own launches take the merged table's k splits (`entries` a projection): the
+/// same sums as merged, whichever form runs (gemv_splits follows a table's entries; the grouped
+/// and item paths agree).
+fn setMergedSplits(mlp: *mlp_cuda.GpuMlp, entries: usize) void {
+    mlp.gate.kind.exl3.split_entries = 2 * entries;
+    mlp.up.kind.exl3.split_entries = 2 * entries;
+    mlp.down.kind.exl3.split_entries = entries;
+}
+
+/// One entry of a grouped table as a linear of its own (decode rows only), over the same weights.
+fn viewLinear(model: *GpuModel, shape: GroupedLinear, entry: K.Exl3Layer, diag: *Diagnostic) Error!linear_cuda.GpuLinear {
+    return .{
+        .in_features = shape.in_features,
+        .out_features = shape.out_features,
+        .kind = .{ .exl3 = .{
+            .table = try model.put(std.mem.asBytes(&entry), diag),
+            .entry = entry,
+            .k_p = shape.k_p,
+            .n_p = shape.n_p,
+            .bits2 = shape.bits2,
+            .codebook = shape.codebook,
+            .prompt = false,
+        } },
     };
 }
 
 pub fn uploadGateUp(model: *GpuModel, moe: *const Moe, target: *GpuMoe, diag: *Diagnostic) Error!void {
-    const gate_up = try groupedPair(model, moe.experts, if (target.merged) &moe.shared.? else null, diag);
+    var side: SideEntries = undefined;
+    const gate_up = try groupedPair(model, moe.experts, if (target.merged) &moe.shared.? else null, if (target.side_shared != null) &side else null, diag);
     target.gate = gate_up[0];
     target.up = gate_up[1];
+    if (target.side_shared) |*mlp| {
+        target.side_gate_up = side.routed;
+        mlp.gate = try viewLinear(model, target.gate, side.gate, diag);
+        mlp.up = try viewLinear(model, target.up, side.up, diag);
+        mlp.pair = try model.pairTable(&mlp.gate, &mlp.up, diag);
+        setMergedSplits(mlp, moe.experts.len + 1);
+    }
     target.prompt = model.prompt_enabled and
         P.eligibleMlp(promptShape(target.gate), promptShape(target.up), promptShape(target.down), target.gate.out_features);
 }
 
+/// What groupedPair gives the side stream's form of a merged layer: the routed experts' table
+/// without the shared expert, and the shared expert's gate and up entries.
+const SideEntries = struct { routed: Ptr, gate: K.Exl3Layer, up: K.Exl3Layer };
+
 /// The gate and up projections of all experts in one table: gate entries 0..E-1, up entries
 /// E..2E-1, so that one launch runs both for every (row, selected expert) (tf_route writes the
-/// items' entries). All must share shape, rate and codebook.
-pub fn groupedPair(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, diag: *Diagnostic) Error![2]GroupedLinear {
+/// items' entries). All must share shape, rate and codebook. With `side` (and `shared`), also
+/// the routed experts' table alone and the shared expert's entries, over the same weights.
+pub fn groupedPair(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, side: ?*SideEntries, diag: *Diagnostic) Error![2]GroupedLinear {
     const first = &experts[0].gate;
     const layer0 = switch (first.kind) {
         .exl3 => |*l| l,
@@ -104,6 +170,15 @@ pub fn groupedPair(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, 
         }
     }
     const table = try model.put(std.mem.sliceAsBytes(entries), diag);
+    if (side) |out| {
+        std.debug.assert(shared != null);
+        const e = experts.len;
+        const routed = try model.gpa.alloc(K.Exl3Layer, 2 * e);
+        defer model.gpa.free(routed);
+        @memcpy(routed[0..e], entries[0..e]);
+        @memcpy(routed[e..], entries[per_half..][0..e]);
+        out.* = .{ .routed = try model.put(std.mem.sliceAsBytes(routed), diag), .gate = entries[e], .up = entries[per_half + e] };
+    }
     const gate: GroupedLinear = .{
         .table = table,
         .in_features = first.in_features,
@@ -118,7 +193,9 @@ pub fn groupedPair(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, 
     return .{ gate, up };
 }
 
-pub fn grouped(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, comptime which: []const u8, diag: *Diagnostic) Error!GroupedLinear {
+/// One projection of all experts in one table (the shared expert last when merged: its entry is
+/// also written to `shared_entry`).
+pub fn grouped(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, comptime which: []const u8, shared_entry: *K.Exl3Layer, diag: *Diagnostic) Error!GroupedLinear {
     const first = &@field(experts[0], which);
     const layer0 = switch (first.kind) {
         .exl3 => |*l| l,
@@ -129,7 +206,10 @@ pub fn grouped(model: *GpuModel, experts: []const Mlp, shared: ?*const Mlp, comp
     };
     const entries = try model.gpa.alloc(K.Exl3Layer, experts.len + @intFromBool(shared != null));
     defer model.gpa.free(entries);
-    if (shared) |mlp| entries[experts.len] = try model.exl3Entry(&@field(mlp, which).kind.exl3, @field(mlp, which).out_features, diag);
+    if (shared) |mlp| {
+        entries[experts.len] = try model.exl3Entry(&@field(mlp, which).kind.exl3, @field(mlp, which).out_features, diag);
+        shared_entry.* = entries[experts.len];
+    }
     for (experts, entries[0..experts.len], 0..) |*expert, *entry, e| {
         const source = &@field(expert, which);
         const layer = switch (source.kind) {
@@ -163,12 +243,19 @@ pub fn runMoe(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usize) E
 /// forward mixes the combine straight into its streams).
 pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usize) Error!K.MoeCombine {
     const c = model.config;
+    // The shared expert runs on the side stream, beside the router and the routed experts, where
+    // the step allows (a merged one then leaves the routed launches).
+    const side_mlp = moe.sideMlp();
+    const side = side_mlp != null and shared_side.takes(model, rows);
+    const merged = moe.merged and !side;
     // Table entries per projection and slots per row: the routed experts, and the shared
-    // expert after them when it is merged.
+    // expert after them when it is merged (the side's gate/up table leaves it out).
     const entries = c.routed_experts + @intFromBool(moe.merged);
-    const slots = c.experts_per_token + @intFromBool(moe.merged);
+    const gate_up_entries = c.routed_experts + @intFromBool(merged);
+    const slots = c.experts_per_token + @intFromBool(merged);
     const items = rows * slots;
     const prompt = model.step_prompt and moe.prompt;
+    if (side) try shared_side.run(model, k, side_mlp.?, rows);
     try k.route(.{
         .x = model.normed,
         .gate = moe.router,
@@ -195,10 +282,11 @@ pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usiz
     // problems; each reads its row and its expert's trellis in place through the table.
     const g = moe.gate;
     const width = g.out_features;
-    var gate_up = model.exl3Call(g, g.table, g.in_features, width, model.normed, model.gate, 2 * items);
+    const gate_up_table = if (moe.merged and !merged) moe.side_gate_up else g.table;
+    var gate_up = model.exl3Call(g, gate_up_table, g.in_features, width, model.normed, model.gate, 2 * items);
     gate_up.source_rows = model.pair_rows;
     gate_up.layer_of_item = model.pair_layers;
-    gate_up.layers = 2 * entries;
+    gate_up.layers = 2 * gate_up_entries;
     const d = moe.down;
     var down = model.exl3Call(d, d.table, d.in_features, d.out_features, model.gate, model.items_out, items);
     down.up = model.gate + items * width * @sizeOf(f32);
@@ -226,7 +314,10 @@ pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usiz
         });
     }
     var shared: Ptr = 0;
-    if (moe.shared) |*mlp| {
+    if (side) {
+        try model.gpu.awaitSide(k.diag);
+        shared = model.shared_out;
+    } else if (moe.shared) |*mlp| {
         try model.runMlp(k, mlp, model.normed, model.shared_out, rows);
         shared = model.shared_out;
     }
@@ -235,11 +326,10 @@ pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usiz
 
 /// The shared expert of `moe` when it can ride in the routed experts' launches: one shared expert
 /// whose three projections are EXL3 of the routed experts' rate, codebook and shape (then its
-/// output is the last slot of each row, weight 1, summed last as before). Merged, its GEMVs take the
-/// routed table's k splits (gemv_splits follows a table's entries); apart, its own. Where those
-/// agree (the fixture's shapes, GLM-5.3-Flash's) the two forms are the same bits; elsewhere they
-/// differ at f32 rounding (GLM-4.5-Air's down: 3 splits merged, 6 apart; 1e-5 in the logits,
-/// docs/measurements.md). `allowed`: the TF_CUDA_SHARED_MERGE switch.
+/// output is the last slot of each row, weight 1, summed last as before). Apart, such an expert's
+/// GEMVs take the merged table's k splits (uploadApart: split_entries), so the two forms are the
+/// same bits at every shape (gemv_splits follows a table's entries: without it GLM-4.5-Air's down
+/// took 6 splits apart against 3 merged). `allowed`: the TF_CUDA_SHARED_MERGE switch.
 pub fn mergedShared(moe: *const Moe, allowed: bool) ?*const Mlp {
     const shared = if (moe.shared) |*mlp| mlp else return null;
     if (!allowed or moe.experts.len == 0) return null;
