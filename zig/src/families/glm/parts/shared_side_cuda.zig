@@ -6,7 +6,6 @@
 //! them for such steps and runs its own launches over the same weights, with the merged table's k
 //! splits: the same bits either way. Prompt steps, steps of more rows than the graphs take, and a
 //! timeline keep the main stream. TF_CUDA_SHARED_SIDE=0 turns it off.
-const std = @import("std");
 const core = @import("../../../core/root.zig");
 const cuda = @import("../../../cuda/root.zig");
 const model_mod = @import("../cuda_model.zig");
