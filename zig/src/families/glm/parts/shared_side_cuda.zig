@@ -48,6 +48,8 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Scratch {
         },
     };
     if (width == 0) return null;
+    // An unquantized shared expert's tensor-core launches leave their split sums in `acc` too.
+    need.partials = @max(need.partials, model.dense_partials);
     const scratch: Scratch = .{
         .rows = rows,
         .gate = try model.alloc(2 * rows * width * @sizeOf(f32), diag),
