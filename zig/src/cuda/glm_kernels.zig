@@ -198,6 +198,11 @@ pub const Kernels = struct {
         /// decoded tile) when there are at least 4 items per layer. Its results equal the item
         /// path's bit for bit.
         grouping: ?Grouping = null,
+
+        /// The entries the k split follows for a call over `layers` table entries.
+        fn splitEntries(c: Exl3Call, layers: usize) usize {
+            return if (c.split_entries != 0) c.split_entries else layers;
+        }
     };
 
     /// One launch: a 256-thread block per (128 output columns, k split, item); or, grouped, the
@@ -211,7 +216,7 @@ pub const Kernels = struct {
         // is faster (tf-bench: 16 rows over 128 experts took 1.9 ms grouped, 1.2 ms by item).
         if (c.grouping) |g| if (layers <= group_layers_max and c.items >= 4 * layers) return k.exl3GroupLinear(c, g, group_items, layers);
         k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c.k_p, c.n_p, c.bits2));
-        const split_entries = if (c.split_entries != 0) c.split_entries else layers;
+        const split_entries = c.splitEntries(layers);
         const split_tiles = splitTiles(c.k_p, c.n_p, split_entries);
         var a = .{
             c.x,                               c.up,                                                                     c.source_rows,                       c.layer_of_item,
@@ -240,7 +245,7 @@ pub const Kernels = struct {
     }
 
     fn exl3GroupLinear(k: Kernels, c: Exl3Call, g: Grouping, group_items: usize, layers: usize) Error!void {
-        const split_entries = if (c.split_entries != 0) c.split_entries else layers;
+        const split_entries = c.splitEntries(layers);
         const items: c_int = @intCast(c.items);
         const group_items_c: c_int = @intCast(group_items);
         // Plain layers' groups are known without sorting (tf_exl3_group_linear computes them).

@@ -13,7 +13,7 @@ pub const Gpu = struct {
     driver: Driver,
     device: driver_api.Device,
     context: driver_api.Context,
-    /// Where launches and copies go: `main`, or `side` between forkSide and joinSide.
+    /// Where launches and copies go: `main`, or `side` between forkSide and leaveSide.
     stream: driver_api.Stream,
     main: driver_api.Stream,
     /// A second stream for work that can run beside the main stream's (the MoE layer's shared

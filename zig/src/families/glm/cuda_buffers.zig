@@ -62,18 +62,8 @@ pub fn allocateScratch(model: *GpuModel, diag: *Diagnostic) Error!void {
     model.gate = try model.alloc(2 * items * intermediate * f, diag);
     model.items_out = try model.alloc(items * c.hidden_size * f, diag);
     model.shared_out = try model.alloc(rows * c.hidden_size * f, diag);
-    const need = linearScratchNeeded(model);
-    model.acc = try model.alloc(need.partials * f, diag);
-    model.counters = try model.alloc(need.counters * 4, diag);
-    try model.gpu.zero(model.counters, need.counters * 4, diag);
-    model.grouping = .{
-        .ranks = try model.alloc(need.items * 4, diag),
-        .sorted = try model.alloc(need.items * 4, diag),
-        .first = try model.alloc(need.groups * 4, diag),
-        .count = try model.alloc(need.groups * 4, diag),
-        .layer = try model.alloc(need.groups * 4, diag),
-        .total = try model.alloc(4, diag),
-    };
+    const gemv = try allocateGemvScratch(model, linearScratchNeeded(model), diag);
+    model.acc, model.counters, model.grouping = .{ gemv.acc, gemv.counters, gemv.grouping };
     model.pair_layers = try model.alloc(2 * items * 4, diag);
     model.pair_rows = try model.alloc(2 * items * 4, diag);
     try allocatePromptScratch(model, diag);
@@ -201,6 +191,27 @@ pub const LinearScratch = struct {
         n.linear(&m.down, rows);
     }
 };
+
+/// The GEMV launches' scratch: partial sums, completion counters (zeroed: each launch leaves them
+/// so) and the grouped path's buffers.
+pub const GemvScratch = struct { acc: Ptr, counters: Ptr, grouping: K.Grouping };
+
+pub fn allocateGemvScratch(model: *GpuModel, need: LinearScratch, diag: *Diagnostic) Error!GemvScratch {
+    const scratch: GemvScratch = .{
+        .acc = try model.alloc(need.partials * @sizeOf(f32), diag),
+        .counters = try model.alloc(need.counters * 4, diag),
+        .grouping = .{
+            .ranks = try model.alloc(need.items * 4, diag),
+            .sorted = try model.alloc(need.items * 4, diag),
+            .first = try model.alloc(need.groups * 4, diag),
+            .count = try model.alloc(need.groups * 4, diag),
+            .layer = try model.alloc(need.groups * 4, diag),
+            .total = try model.alloc(4, diag),
+        },
+    };
+    try model.gpu.zero(scratch.counters, need.counters * 4, diag);
+    return scratch;
+}
 
 /// What the largest tf_exl3_item_linear call needs: splits x items x n_p partial sums and a
 /// completion counter per (item, 128 columns). Gate/up pairs run twice the items.

@@ -21,9 +21,7 @@ pub const Scratch = struct {
     /// Decode steps of up to this many rows fork (its buffers' size; more rows run serially).
     rows: usize,
     gate: Ptr,
-    acc: Ptr,
-    counters: Ptr,
-    grouping: K.Grouping,
+    gemv: buffers.GemvScratch,
 };
 
 /// Whether the switch allows the side stream: read once, before the shared experts are uploaded
@@ -50,22 +48,11 @@ pub fn allocate(model: *GpuModel, diag: *Diagnostic) Error!?Scratch {
     if (width == 0) return null;
     // An unquantized shared expert's tensor-core launches leave their split sums in `acc` too.
     need.partials = @max(need.partials, model.dense_partials);
-    const scratch: Scratch = .{
+    return .{
         .rows = rows,
         .gate = try model.alloc(2 * rows * width * @sizeOf(f32), diag),
-        .acc = try model.alloc(need.partials * @sizeOf(f32), diag),
-        .counters = try model.alloc(need.counters * 4, diag),
-        .grouping = .{
-            .ranks = try model.alloc(need.items * 4, diag),
-            .sorted = try model.alloc(need.items * 4, diag),
-            .first = try model.alloc(need.groups * 4, diag),
-            .count = try model.alloc(need.groups * 4, diag),
-            .layer = try model.alloc(need.groups * 4, diag),
-            .total = try model.alloc(4, diag),
-        },
+        .gemv = try buffers.allocateGemvScratch(model, need, diag),
     };
-    try model.gpu.zero(scratch.counters, need.counters * 4, diag);
-    return scratch;
 }
 
 /// MoE layers whose shared expert a decode step can run on the side stream (tf_engine_stats).
@@ -92,7 +79,7 @@ pub fn run(model: *GpuModel, k: K.Kernels, mlp: *const GpuMlp, rows: usize) Erro
     const side = model.side.?;
     try model.gpu.forkSide(k.diag);
     const kept = .{ model.gate, model.acc, model.counters, model.grouping };
-    model.gate, model.acc, model.counters, model.grouping = .{ side.gate, side.acc, side.counters, side.grouping };
+    model.gate, model.acc, model.counters, model.grouping = .{ side.gate, side.gemv.acc, side.gemv.counters, side.gemv.grouping };
     defer {
         model.gate, model.acc, model.counters, model.grouping = kept;
         if (model.gpu.stream != model.gpu.main) model.gpu.stream = model.gpu.main; // an error left it on the side
