@@ -1,5 +1,5 @@
-//! `tf-cuda-test route`: the MoE router's one launch (tf_route) against the CPU router
-//! (parts/router.zig), expert for expert:
+//! `tf-cuda-test route`: the MoE router (tf_route; for a prompt chunk's rows tf_route_logits and
+//! then tf_route choosing) against the CPU router (parts/router.zig), expert for expert:
 //!   - logits made exact in f32 on both sides (small multiples of powers of two), so a selection
 //!     can differ only by the rule, not by a dot product's order;
 //!   - experts in families of equal gate rows and corrections, ties that straddle the top-k cut:
@@ -8,7 +8,8 @@
 //!     group-limited 256 (8 groups, 4 a token); with and without normalisation and scaling;
 //!   - a merged shared expert's slot, and a step's prompt rows (their experts on the prompt tables,
 //!     -1 on the GEMV's, and the other way round);
-//!   - a row of NaN: its picks are still top_k distinct experts in range (no table reads past them).
+//!   - a row of NaN: its picks are still top_k distinct experts in range (no table reads past them);
+//!   - 6 rows (a decode step's one launch) and 20 (the logits' own launch, a last group of 4 rows).
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -40,10 +41,16 @@ const cases = [_]Case{
     .{ .name = "256 experts in 8 groups, 4 a token", .experts = 256, .groups = 8, .groups_per_token = 4, .families = 24 },
     .{ .name = "64 experts top-4 unnormalised, prompt rows", .experts = 64, .top_k = 4, .normalize = false, .scaling = 1.8, .prompt_rows = true, .families = 7 },
     .{ .name = "512 experts (the kernel's most) top-16, merged shared, prompt rows", .experts = 512, .top_k = 16, .merged_shared = true, .prompt_rows = true },
+    // Not a whole number of tf_route's or tf_route_logits' blocks of 8 experts.
+    .{ .name = "42 experts top-6", .experts = 42, .top_k = 6, .families = 5 },
 };
 
 const hidden = 256;
-const rows = 6;
+const row_counts = [_]usize{ 6, 20 };
+const rows_max = 20;
+comptime {
+    std.debug.assert(row_counts[0] < cuda.glm_kernels.Kernels.route_logits_rows_min and row_counts[1] >= cuda.glm_kernels.Kernels.route_logits_rows_min);
+}
 
 pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     var diag: Diagnostic = .{};
@@ -51,10 +58,10 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     defer module.unload(gpu);
     const k: cuda.glm_kernels.Kernels = .{ .gpu = gpu, .module = &module, .diag = &diag };
     var prng = std.Random.DefaultPrng.init(0x2047e);
-    for (cases) |case| try runCase(gpa, gpu, k, prng.random(), case, report);
+    for (row_counts) |rows| for (cases) |case| try runCase(gpa, gpu, k, prng.random(), case, rows, report);
 }
 
-fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, random: std.Random, case: Case, report: *Report) !void {
+fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, random: std.Random, case: Case, rows: usize, report: *Report) !void {
     const experts = case.experts;
     const slots = case.top_k + @intFromBool(case.merged_shared);
     const items = rows * slots;
@@ -78,8 +85,9 @@ fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, 
     }
     // The last row is NaN: only the validity of its picks is checked.
     @memset(x[(rows - 1) * hidden ..][0..hidden], std.math.nan(f32));
-    var prompt: [rows]i32 = undefined;
-    for (&prompt, 0..) |*p, r| p.* = if (case.prompt_rows) @intCast(r % 2) else 0;
+    var prompt_rows: [rows_max]i32 = undefined;
+    const prompt = prompt_rows[0..rows];
+    for (prompt, 0..) |*p, r| p.* = if (case.prompt_rows) @intCast(r % 2) else 0;
 
     var c: glm.Config = undefined;
     c.hidden_size = hidden;
@@ -96,7 +104,7 @@ fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, 
     defer gpu.free(d_gate);
     const d_correction = try upload(gpu, std.mem.sliceAsBytes(correction), k.diag);
     defer gpu.free(d_correction);
-    const d_prompt = try upload(gpu, std.mem.sliceAsBytes(&prompt), k.diag);
+    const d_prompt = try upload(gpu, std.mem.sliceAsBytes(prompt), k.diag);
     defer gpu.free(d_prompt);
     const d_scratch = try gpu.alloc(rows * 2 * experts * 4, k.diag);
     defer gpu.free(d_scratch);
@@ -140,8 +148,9 @@ fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, 
     const got = try gpa.alloc(i32, items * 7);
     defer gpa.free(got);
     try gpu.download(std.mem.sliceAsBytes(got), d_out, k.diag);
-    var counters: [rows]u32 = undefined;
-    try gpu.download(std.mem.sliceAsBytes(&counters), d_counters, k.diag);
+    var counters_all: [rows_max]u32 = undefined;
+    const counters = counters_all[0..rows];
+    try gpu.download(std.mem.sliceAsBytes(counters), d_counters, k.diag);
     const got_experts = got[0..items];
     const got_weights: []const f32 = @ptrCast(got[items .. 2 * items]);
     const got_pairs = got[2 * items .. 4 * items];
@@ -194,7 +203,7 @@ fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, 
             }
         }
     }
-    const counters_reset = std.mem.allEqual(u32, &counters, 0);
+    const counters_reset = std.mem.allEqual(u32, counters, 0);
     report.check(wrong_experts == 0 and wrong_tables == 0 and worst_weight <= 1e-6 and counters_reset, "route {s}: {d} rows x {d} slots, {d} picks tied at the cut, {d} wrong experts, {d} wrong table entries, weights within {e:.2} relative, counters {s}", .{
         case.name, rows, slots, ties_at_cut, wrong_experts, wrong_tables, worst_weight, if (counters_reset) "reset" else "LEFT SET",
     });

@@ -72,11 +72,13 @@ __device__ __forceinline__ void mma_exact_b(float (&d)[4], const uint32_t (&ah)[
 }
 
 // Over any 16-bit-paired bytes: f16 rows, or fp8 codes taken two at a time (attention_heads.cuh).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&a)[4], uint32_t shared) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(shared_address(p)));
+                 : "r"(shared));
 }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) { ldmatrix_x4_at(a, shared_address(p)); }
 
 // The transposed load: lane (g, t) of matrix i gets elements (2t, g) and (2t + 1, g).
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&a)[4], const void* p) {

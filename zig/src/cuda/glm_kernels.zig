@@ -17,7 +17,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention",              "tf_route",                "tf_moe_combine",             "tf_logits_summary",          "tf_attention_combine",
     "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
     "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
-    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",
+    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",      "tf_route_logits",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -506,11 +506,22 @@ pub const Kernels = struct {
     /// Experts a router may have: tf_route's shared arrays (kRouteExpertsMax in moe_route.cuh).
     pub const route_experts_max = 512;
 
-    /// One launch: a block per (8 experts, row) for the logits, the last of a row's blocks choosing.
+    /// Rows from which the router's logits take their own launch (tf_route_logits, a block per 8
+    /// experts and 8 rows): a prompt chunk's. Fewer (decode steps) keep the one launch.
+    pub const route_logits_rows_min = 16;
+
+    /// One launch: a block per (8 experts, row) for the logits, the last of a row's blocks choosing;
+    /// for many rows, the logits launch and then a block a row choosing. The same bits either way.
     pub fn route(k: Kernels, c: Route) Error!void {
         std.debug.assert(c.experts <= route_experts_max);
+        const apart = c.rows >= route_logits_rows_min;
+        if (apart) {
+            var l = .{ c.x, c.gate, c.correction, c.scratch, @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(c.hidden)), @as(c_int, @intCast(c.experts)) };
+            try k.run("tf_route_logits", .{ blocks(c.experts, 8), blocks(c.rows, 8), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
+        }
+        const gate: Ptr = if (apart) 0 else c.gate;
         var a = .{
-            c.x,                            c.gate,                                   c.correction,                          c.scratch,
+            c.x,                            gate,                                     c.correction,                          c.scratch,
             c.counters,                     c.experts_out,                            c.weights_out,                         c.pair_layers,
             c.pair_rows,                    c.row_prompt,                             c.prompt_layers,                       @as(c_int, @intCast(c.rows)),
             @as(c_int, @intCast(c.hidden)), @as(c_int, @intCast(c.experts)),          @as(c_int, @intCast(c.top_k)),         @as(c_int, @intCast(c.slots)),
@@ -518,7 +529,7 @@ pub const Kernels = struct {
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_route", .{ blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, ptrs);
+        try k.run("tf_route", .{ if (apart) 1 else blocks(c.experts, 8), @intCast(c.rows), 1 }, 256, ptrs);
     }
 
     /// Slices a logits row is summarized in (kSummarySlices in logits_summary.cuh).
