@@ -60,6 +60,18 @@ struct RotatedPlanes {
 template <int kCols, int kM = kPromptM>
 using PromptAccOf = float[kM][kCols][2][4];
 
+template <int kCols, int kM>
+__device__ __forceinline__ void zero_accumulators(PromptAccOf<kCols, kM>& acc) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[m][c][n][i] = 0.f;
+}
+
 // One warp's share of a group, the loop both forms had first: each tile decoded after the barrier
 // that waits on the slab's inputs, beside the previous tile's products; ring words two slabs
 // ahead. Column c is read against input operand c when there are two (gate and up), or both
@@ -115,14 +127,7 @@ __device__ __forceinline__ void prompt_matmul_interleaved(const uint32_t* const 
         for (int c = 0; c < kCols; ++c) next_ring[c] += 2 * row_stride;
     };
 
-#pragma unroll
-    for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int c = 0; c < kCols; ++c)
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[m][c][n][i] = 0.f;
+    zero_accumulators<kCols, kM>(acc);
 
     // Ring words two stages ahead (registers), inputs one stage ahead (cp.async).
     uint32_t now[2][kCols], next[2][kCols], later[2][kCols];
@@ -241,14 +246,7 @@ __device__ __forceinline__ void prompt_matmul_lean(const uint32_t* const (&ring)
         for (int c = 0; c < kCols; ++c) next_ring[c] += 2 * row_stride;
     };
 
-#pragma unroll
-    for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int c = 0; c < kCols; ++c)
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[m][c][n][i] = 0.f;
+    zero_accumulators<kCols, kM>(acc);
 
     const int a_row = (lane % 8) + 8 * ((lane / 8) % 2);
     const int a_k = 8 * (lane / 16);
