@@ -7,6 +7,7 @@
 //! Shapes: GLM-4.7-Flash
 //! (20 heads, nope 192), GLM-5 (64 heads), GLM-5.3-Flash's NoPE layers (nope 256), and a k and
 //! n that are no multiple of the tiles (the guards), at row counts that are none either.
+//! Then the attention over the latent cache (mla_attention_suite.zig).
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -39,6 +40,7 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     const k: mla.Kernels = .{ .gpu = gpu, .module = &module, .diag = &diag };
     var prng = std.Random.DefaultPrng.init(0x31a);
     for (shapes) |shape| try product(gpa, gpu, k, prng.random(), shape, report);
+    try @import("mla_attention_suite.zig").run(gpa, gpu, k, prng.random(), report);
 }
 
 fn launch(k: mla.Kernels, s: Shape, x: cuda.gpu.DevicePtr, w: mla.Kernels.Weights, out: cuda.gpu.DevicePtr, rows: usize) !void {

@@ -8,7 +8,8 @@
 //!   kv            the f16 and fp8 KV caches: stored bytes equal the host's, attention vs f64,
 //!                 spread/whole and alone/batched bits (kv_suite.zig)
 //!   mla           MLA's head products for a prompt chunk's rows equal the decode step's kernels
-//!                 bit for bit, and both vs f64 (mla_suite.zig)
+//!                 bit for bit, and both vs f64 (mla_suite.zig); the latent attention's forms bit
+//!                 for bit and vs f64 (mla_attention_suite.zig)
 //!   route         the MoE router's launch equals the CPU router expert for expert, ties at the
 //!                 top-k cut, groups, a merged shared expert, prompt rows (route_suite.zig)
 //!   nccl [--world N --rank R --master HOST:PORT]
