@@ -211,10 +211,12 @@ struct LinearInputs {
 };
 
 // One block's work for `rows` items (item_sh[0..rows)) of `layer`: 128 columns `chunk`, k split
-// `split` of `splits`; `counter` counts the splits of its (items, chunk) done.
+// `split` of `splits`; counters[counter_at] counts the splits of its (items, chunk) done (the
+// pointer formed after the GEMV: kept live across it, it cost the item kernel a spill at 40
+// registers).
 template <int R>
 __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Layer& layer, const int* item_sh, int rows,
-                                             unsigned int* __restrict__ counter, LinearInputs<R>& xs, int chunk, int split, int splits) {
+                                             unsigned int* __restrict__ counters, int counter_at, LinearInputs<R>& xs, int chunk, int split, int splits) {
     __shared__ bool last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
@@ -254,17 +256,15 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
     tf::GemvMma<R> acc(tf::GemvPlanes{&xs.hi[0][0], &xs.lo[0][0], kPlanePitch, rows}, lane);
     tf::gemv_tiles<R>(ring, row_stride, first, last, a.bits2, a.codebook, lane, acc);
 #pragma unroll
-    for (int j = 0; j < tf::GemvMma<R>::kBlocks; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = 8 * j + 2 * (lane % 4) + h;
-            if (r >= rows) continue;
-            float* out = a.partial + (static_cast<size_t>(split) * a.items + item_sh[r]) * a.n_p + tile_column * 16 + lane / 4;
-            out[0] = acc.d[j][h];
-            out[8] = acc.d[j][2 + h];
-        }
+    for (int j = 0; j < tf::GemvMma<R>::kBlocks; ++j) {
+        const int r = tf::GemvMma<R>::row_of(j, lane);
+        if (r >= rows) continue;
+        float* out = a.partial + (static_cast<size_t>(split) * a.items + item_sh[r]) * a.n_p + tile_column * 16 + lane / 4;
+        out[0] = acc.output(j, 0);
+        out[8] = acc.output(j, 1);
+    }
 
-    if (!tf_last_block(counter, static_cast<unsigned int>(splits), &last_block)) return;
+    if (!tf_last_block(counters + counter_at, static_cast<unsigned int>(splits), &last_block)) return;
     for (int r = warp; r < rows; r += kLinearWarps) {
         const int item = item_sh[r];
         // A lane's four outputs as one float4 a split, eight splits' loads in flight at a time: one
@@ -319,7 +319,7 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
     const int entry = layer_of_item ? layer_of_item[item] : item / group_items;
     if (entry < 0) return;  // the item is on the prompt path
     const Exl3Layer layer = layers[entry];
-    linear_block<1>(a, layer, item_sh, 1, counters + static_cast<size_t>(item) * gridDim.x + blockIdx.x, xs, blockIdx.x, blockIdx.y, gridDim.y);
+    linear_block<1>(a, layer, item_sh, 1, counters, item * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x, blockIdx.y, gridDim.y);
 }
 
 // Several EXL3 layers on the same input rows in one launch (q with k and v; q_a with kv_a): each
@@ -370,7 +370,7 @@ extern "C" __global__ void TF_PARTS_LINEAR_BOUNDS tf_exl3_parts_linear(const flo
     const LinearArgs a{x, nullptr, nullptr, rows, pick(parts.partial), pick(parts.y), rows, in_features, pick(parts.out_features), k_p, n_p,
                        bits2, codebook, pick(parts.split_tiles)};
     const int chunk = at % chunks;
-    linear_block<1>(a, layer, item_sh, 1, pick(parts.counters) + item * chunks + chunk, xs, chunk, at / chunks, pick(parts.splits));
+    linear_block<1>(a, layer, item_sh, 1, pick(parts.counters), item * chunks + chunk, xs, chunk, at / chunks, pick(parts.splits));
 }
 
 // The grouped path: block z takes group z of tf_exl3_group_items (blocks past the group count
@@ -406,7 +406,7 @@ __device__ __forceinline__ void group_linear(const float* __restrict__ x, const 
     __syncthreads();
     const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
     const Exl3Layer layer = layers[entry];
-    linear_block<kRows>(a, layer, item_sh, rows, counters + static_cast<size_t>(group) * gridDim.x + blockIdx.x, xs, blockIdx.x, blockIdx.y, gridDim.y);
+    linear_block<kRows>(a, layer, item_sh, rows, counters, group * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x, blockIdx.y, gridDim.y);
 }
 
 #define TF_GROUP_LINEAR_PARAMS                                                                                                              \
@@ -419,14 +419,14 @@ __device__ __forceinline__ void group_linear(const float* __restrict__ x, const 
     x, up, source_rows, layers, sorted_items, group_first, group_count, group_layer, group_total, partial, counters, y, items, group_items, \
         in_features, out_features, k_p, n_p, bits2, codebook, split_tiles
 
-extern "C" __global__ void __launch_bounds__(256, 2) tf_exl3_group_linear(TF_GROUP_LINEAR_PARAMS) {
+// Three blocks an SM (80 registers): its four n8 blocks' accumulators took 91 registers unbounded,
+// two blocks an SM, and 16 rows 10% longer than the 72 of two rows a block (tf-bench --linears).
+extern "C" __global__ void __launch_bounds__(256, 3) tf_exl3_group_linear(TF_GROUP_LINEAR_PARAMS) {
     group_linear<kGroupRows>(TF_GROUP_LINEAR_ARGS);
 }
 
-// Plain layers of at most 8 rows (a step of up to 8 streams): one n8 block of the products, where
-// the 16-row form issued the second block's ldmatrix and products predicated off each tile
-// (cuobjdump: 455 -> 417 instructions per 8 tiles, 3-bit), and half the shared planes, so four
-// blocks fit an SM (64 registers).
+// Plain layers of at most 8 rows (a step of up to 8 streams): two n8 blocks of the products and
+// half the 16-row form's shared planes, so four blocks fit an SM (64 registers).
 extern "C" __global__ void __launch_bounds__(256, 4) tf_exl3_group_linear8(TF_GROUP_LINEAR_PARAMS) {
     group_linear<8>(TF_GROUP_LINEAR_ARGS);
 }

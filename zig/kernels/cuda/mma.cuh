@@ -80,6 +80,11 @@ __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&a)[4], uint32_t shared
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) { ldmatrix_x4_at(a, shared_address(p)); }
 
+// Two matrices: lanes 0-7 give matrix 0's rows, lanes 8-15 matrix 1's (the others' addresses unused).
+__device__ __forceinline__ void ldmatrix_x2_at(uint32_t (&a)[2], uint32_t shared) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(a[0]), "=r"(a[1]) : "r"(shared));
+}
+
 // The transposed load: lane (g, t) of matrix i gets elements (2t, g) and (2t + 1, g).
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&a)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
