@@ -16,10 +16,17 @@ import gemv_sass  # noqa: E402  (imported standalone: it must not load the libra
 import kernel_contract  # noqa: E402
 
 FATBIN = ROOT / "zig-out" / "kernels" / "glm_forward.fatbin"
-# MUL1, sm_90, instructions per 8 tiles at 3 and 4 bits (docs/measurements.md, sixth session of
-# 2026-12-05: 452 / 420 one row, 503 four to sixteen rows before).
-BUDGET = {"tf_exl3_item_linear": (420, 412), "tf_exl3_parts_linear": (416, 409), "tf_exl3_group_linear8": (417, 409),
-          "tf_exl3_group_linear": (455, 445)}
+# MUL1, sm_90, instructions per 8 tiles at 3 and 4 bits, per tile loop of a kernel: the one-row
+# kernels have one, the grouped ones one for a group of up to four rows (one n8 block of products)
+# and one for all their blocks (exl3_gemv.cuh gemv_tiles). docs/measurements.md, fourteenth session
+# of 2026-12-06: 402 / 394 one row where two mma a tile took 420 / 412; 401 and 413 / 393 and 407
+# for the 8-row kernel where 416 / 409; 404 and 441 / 395 and 436 for the 16-row one where 454 / 444.
+BUDGET = {
+    "tf_exl3_item_linear": [(402, 394)],
+    "tf_exl3_parts_linear": [(402, 394)],
+    "tf_exl3_group_linear8": [(401, 393), (413, 407)],
+    "tf_exl3_group_linear": [(404, 395), (441, 436)],
+}
 
 
 def disassembles() -> bool:
@@ -43,9 +50,9 @@ def test_each_rate_has_its_own_cut_signature():
 def test_every_gemv_kernel_has_one_tile_loop_per_rate():
     if not disassembles():
         pytest.skip("cuobjdump cannot disassemble here (nvdisasm missing)")
-    for kernel in BUDGET:
+    for kernel, budgets in BUDGET.items():
         loops = gemv_sass.mul1_loops(gemv_sass.sass(str(FATBIN), kernel))
-        assert sorted(loops) == list(range(1, 9)) and all(len(v) == 1 for v in loops.values()), (kernel, loops)
+        assert sorted(loops) == list(range(1, 9)) and all(len(v) == len(budgets) for v in loops.values()), (kernel, loops)
 
 
 def test_the_3_and_4_bit_loops_stay_within_their_counts():
@@ -54,6 +61,8 @@ def test_the_3_and_4_bit_loops_stay_within_their_counts():
     version, _ = kernel_contract.read_registry()
     if kernel_contract.nvcc_version() != version:
         pytest.skip(f"nvcc {kernel_contract.nvcc_version()} is not the registry's {version}: the counts are that compiler's")
-    for kernel, (three, four) in BUDGET.items():
+    for kernel, budgets in BUDGET.items():
         loops = gemv_sass.mul1_loops(gemv_sass.sass(str(FATBIN), kernel))
-        assert loops[3][0] <= three and loops[4][0] <= four, (kernel, loops[3], loops[4])
+        # The shorter loop is the one-block one.
+        for at_three, at_four, (three, four) in zip(sorted(loops[3]), sorted(loops[4]), budgets):
+            assert at_three <= three and at_four <= four, (kernel, loops[3], loops[4])

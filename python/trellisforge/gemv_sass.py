@@ -76,11 +76,11 @@ def main(argv: list[str]) -> int:
         return 2
     fatbin, kernels = argv[0], argv[1:] or list(GEMV_KERNELS)
     rates = range(1, 9)
-    print("MUL1 tile loop, instructions per 8 tiles (sm_90)")
+    print("MUL1 tile loop, instructions per 8 tiles (sm_90; a grouped kernel's loops for one n8 block / all)")
     print(f"{'kernel':<24}" + "".join(f"{'K = ' + str(k):>9}" for k in rates))
     for kernel in kernels:
         loops = mul1_loops(sass(fatbin, kernel))
-        print(f"{kernel:<24}" + "".join(f"{min(loops[k]) if k in loops else '-':>9}" for k in rates))
+        print(f"{kernel:<24}" + "".join(f"{'/'.join(map(str, sorted(loops[k]))) if k in loops else '-':>9}" for k in rates))
     return 0
 
 
