@@ -22,7 +22,7 @@ pub const Uploads = struct {
 
     /// A device copy of `slice` (any element type), freed by deinit.
     pub fn put(u: *Uploads, slice: anytype) !Ptr {
-        std.debug.assert(u.count < u.ptrs.len);
+        if (u.count == u.ptrs.len) return error.TooManyUploads; // a release build would not assert
         const ptr = try upload(u.gpu, std.mem.sliceAsBytes(slice), u.diag);
         u.ptrs[u.count] = ptr;
         u.count += 1;

@@ -314,9 +314,9 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
         }
     };
     // Step k of this warp's part of S for one tile, in two halves: load_k takes the step's K
-    // fragment from the tile's stage as stored, score_k its products into the tile's chains (the
-    // query's high parts' in s, the low parts' in s_low: two chains where one would wait on the
-    // other). f16: ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
+    // fragment from the tile's stage as stored into frags[k], score_k the step's products from the
+    // tile's frags into its chains (the query's high parts' in s, the low parts' in s_low: two
+    // chains where one would wait on the other). f16: ldmatrix of 8 positions x 8 dims gives lane (g, t) position g, dims 2t, 2t + 1.
     // fp8, code pairs: matrix (positions 8n.., piece b) gives lane (g, t) position 8n + g, dims 16b
     // + 4t .. 4t + 3, i.e. B rows 2t, 2t + 1 and 2t + 8, 2t + 9 of that step; one ldmatrix serves
     // steps k and k + 1 (an even k loads; the rope step's load also takes the next piece, or the
@@ -346,7 +346,8 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
             ldmatrix_x4(frag, tile + position * kPitch + 2 * (base + 8 * ((lane / 8) % 2)));
         }
     };
-    const auto score_k = [&](float (&st)[2][4], float (&st_low)[2][4], int k, const uint32_t (&frag)[kFragWords]) {
+    const auto score_k = [&](float (&st)[2][4], float (&st_low)[2][4], int k, const uint32_t (&frags)[kMlaWarpSteps][kFragWords]) {
+        const uint32_t(&frag)[kFragWords] = frags[kFp8 ? k & ~1 : k];  // fp8: the pair's even step holds it
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
             if constexpr (kFp8) {
@@ -410,7 +411,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                 for (int k = 0; k < kMlaWarpSteps; ++k) {
                     if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
 #pragma unroll
-                    for (int u = 0; u < kStep; ++u) score_k(s[u], s_low[u], k, frags[u][k & ~(kFp8 ? 1 : 0)]);
+                    for (int u = 0; u < kStep; ++u) score_k(s[u], s_low[u], k, frags[u]);
                 }
             } else {
 #pragma unroll
@@ -421,7 +422,7 @@ __device__ __forceinline__ void mla_attention(const float* __restrict__ q, const
                     for (int k = 0; k < kMlaWarpSteps; ++k) {
                         if (k == kMlaLatentSteps && warp >= kMlaRopeWarps) break;
                         load_k(stage(c + u), k, frags[k]);
-                        score_k(s[u], s_low[u], k, frags[k & ~(kFp8 ? 1 : 0)]);
+                        score_k(s[u], s_low[u], k, frags);
                     }
                 }
             }
