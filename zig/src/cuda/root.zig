@@ -3,6 +3,7 @@
 pub const driver = @import("driver.zig");
 pub const kernels = @import("kernels.zig");
 pub const gpu = @import("gpu.zig");
+pub const device_arena = @import("device_arena.zig");
 pub const timeline = @import("timeline.zig");
 pub const Gpu = gpu.Gpu;
 pub const exl3_decode = @import("exl3_decode.zig");
@@ -22,6 +23,7 @@ pub const bench_kernels = @import("bench_kernels.zig");
 test {
     _ = driver;
     _ = gpu;
+    _ = device_arena;
     _ = kernels;
     _ = exl3_decode;
     _ = exl3_prompt;

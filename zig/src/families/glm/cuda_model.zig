@@ -109,6 +109,8 @@ pub const GpuModel = struct {
     config: Config,
     limits: Limits,
     allocations: std.ArrayList(Ptr),
+    /// Where put() places weights and tables: chunks among `allocations` (device_arena.zig).
+    arena: cuda.device_arena.Arena,
     graphs: [replay.slots]?replay.Slot,
     graph_next: usize,
     graphs_enabled: bool,
@@ -238,6 +240,7 @@ pub const GpuModel = struct {
         model.config = weights.config;
         model.limits = limits;
         model.allocations = .empty;
+        model.arena = .{};
         model.graphs = @splat(null);
         model.graph_next = 0;
         model.graph_replays = 0;
@@ -347,8 +350,14 @@ pub const GpuModel = struct {
         return ptr;
     }
 
+    /// `bytes` on the device for the model's life: in the arena's chunks (a large one alone).
     pub fn put(model: *GpuModel, bytes: []const u8, diag: *Diagnostic) Error!Ptr {
-        const ptr = try model.alloc(bytes.len, diag);
+        const Arena = cuda.device_arena.Arena;
+        const ptr = if (bytes.len > Arena.own_above) try model.alloc(bytes.len, diag) else model.arena.place(bytes.len) orelse placed: {
+            const size = model.arena.chunkFor(bytes.len);
+            model.arena.start(try model.alloc(size, diag), size);
+            break :placed model.arena.place(bytes.len).?;
+        };
         try model.gpu.upload(ptr, bytes, diag);
         return ptr;
     }
