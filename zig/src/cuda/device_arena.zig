@@ -1,11 +1,11 @@
 //! Where a model's weights go in device memory: chunks taken from cuMemAlloc, each weight at the
 //! next 256-byte boundary of the current chunk, where each weight took its own cuMemAlloc. If the
 //! driver gives large allocations whole 2 MiB pages, a weight a little over a page takes two: a
-//! routed expert's 3-bit matrix of GLM-4.5-Air (4096 x 1408: 2.06 MiB) 4, the full model's 17664
-//! of them 69 GiB for 36 (the full model with the default KV pool ran out of an 80 GB card's
-//! memory, docs/measurements.md, 2026-12-06; to be probed on a GPU). Chunks grow from 16 MiB to 256 MiB, so a
-//! small model takes little and a chunk's unused tail (a weight that does not fit starts the next)
-//! stays under ~2% of a large one. The chunks are the owner's to free.
+//! routed expert's 3-bit matrix of GLM-4.5-Air (4096 x 1408: 2.06 MiB) 4, the full model's 17415
+//! of them 68 GiB for 35 (the full model beside the default KV pool ran out of an 80 GB card's
+//! memory, docs/measurements.md, 2026-12-06; to be probed on a GPU). Chunks grow from 16 MiB to
+//! 256 MiB, so a small model takes little and a chunk's unused tail (a weight that does not fit
+//! starts the next) stays under ~2% of a large one. The chunks are the owner's to free.
 const std = @import("std");
 const Ptr = @import("gpu.zig").DevicePtr;
 
