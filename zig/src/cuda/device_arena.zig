@@ -1,9 +1,10 @@
 //! Where a model's weights go in device memory: chunks taken from cuMemAlloc, each weight at the
-//! next 256-byte boundary of the current chunk, where each weight took its own cuMemAlloc. If the
-//! driver gives large allocations whole 2 MiB pages, a weight a little over a page takes two: a
-//! routed expert's 3-bit matrix of GLM-4.5-Air (4096 x 1408: 2.06 MiB) 4, the full model's 17415
-//! of them 68 GiB for 35 (the full model beside the default KV pool ran out of an 80 GB card's
-//! memory, docs/measurements.md, 2026-12-06; to be probed on a GPU). Chunks grow from 16 MiB to
+//! next 256-byte boundary of the current chunk, where each weight took its own cuMemAlloc. The
+//! driver gives an allocation of 2 MiB or more whole 2 MiB pages (probed on an H100: 2 MiB + 256
+//! bytes took 4 MiB, 1.5 MiB took 2), so a weight a little over a page took two: a routed expert's
+//! 3-bit matrix of GLM-4.5-Air (4096 x 1408: 2.06 MiB) 4 MiB, the full model's 17415 of them 68 GiB
+//! for 35. The full model beside the default KV pool then ran out of an 80 GB card, and in the
+//! arena it peaks at 54.4 GB (docs/measurements.md, 2026-12-06). Chunks grow from 16 MiB to
 //! 256 MiB, so a small model takes little and a chunk's unused tail (a weight that does not fit
 //! starts the next) stays under ~2% of a large one. The chunks are the owner's to free.
 const std = @import("std");
