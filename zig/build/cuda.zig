@@ -80,6 +80,7 @@ const headers = [_][]const u8{
     "exl3_codebook.cuh",
     "exl3_gemv.cuh",
     "exl3_hadamard.cuh",
+    "exl3_linear.cuh",
     "exl3_prompt.cuh",
     "exl3_tile_decode.cuh",
     "exl3_trellis.cuh",
