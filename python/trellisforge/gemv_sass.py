@@ -19,7 +19,7 @@ try:
 except ImportError:  # imported standalone, as the tests do: it must not load the library
     from kernel_contract import cuobjdump
 
-GEMV_KERNELS = ("tf_exl3_item_linear", "tf_exl3_parts_linear", "tf_exl3_group_linear8", "tf_exl3_group_linear")
+GEMV_KERNELS = ("tf_exl3_item_linear", "tf_exl3_shared_item_linear", "tf_exl3_parts_linear", "tf_exl3_group_linear8", "tf_exl3_group_linear")
 MUL1_MULTIPLIER = "-0x7c232ed3"  # 0x83DCD12D as SASS prints the immediate
 
 
@@ -77,10 +77,11 @@ def main(argv: list[str]) -> int:
     fatbin, kernels = argv[0], argv[1:] or list(GEMV_KERNELS)
     rates = range(1, 9)
     print("MUL1 tile loop, instructions per 8 tiles (sm_90; a grouped kernel's loops for one n8 block / all)")
-    print(f"{'kernel':<24}" + "".join(f"{'K = ' + str(k):>9}" for k in rates))
+    width = max(len("kernel"), *map(len, kernels)) + 2
+    print(f"{'kernel':<{width}}" + "".join(f"{'K = ' + str(k):>9}" for k in rates))
     for kernel in kernels:
         loops = mul1_loops(sass(fatbin, kernel))
-        print(f"{kernel:<24}" + "".join(f"{'/'.join(map(str, sorted(loops[k]))) if k in loops else '-':>9}" for k in rates))
+        print(f"{kernel:<{width}}" + "".join(f"{'/'.join(map(str, sorted(loops[k]))) if k in loops else '-':>9}" for k in rates))
     return 0
 
 

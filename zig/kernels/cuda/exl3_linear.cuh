@@ -66,10 +66,12 @@ struct LinearInputs {
 // One block's work for `rows` items (item_sh[0..rows)) of `layer`: 128 columns `chunk`, k split
 // `split` of `splits`; counters[counter_at] counts the splits of its (items, chunk) done (the
 // pointer formed after the GEMV: kept live across it, it cost the item kernel a spill at 40
-// registers).
+// registers). With `rows_sh`, the count is read again from shared memory after the GEMV, for the
+// same reason (the shared-item kernel's run length, 8 bytes spilled at 40 registers otherwise).
 template <int R>
 __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Layer& layer, const int* item_sh, int rows,
-                                             unsigned int* __restrict__ counters, int counter_at, LinearInputs<R>& xs, int chunk, int split, int splits) {
+                                             unsigned int* __restrict__ counters, int counter_at, LinearInputs<R>& xs, int chunk, int split, int splits,
+                                             const int* rows_sh = nullptr) {
     __shared__ bool last_block;
     const int warp = threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
@@ -108,6 +110,7 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
     const uint32_t* ring = reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(tile_column) * 4 * a.bits2;
     tf::GemvMma<R> acc(tf::GemvPlanes{&xs.hi[0][0], &xs.lo[0][0], kPlanePitch, rows}, lane);
     tf::gemv_tiles<R>(ring, row_stride, first, last, a.bits2, a.codebook, lane, acc);
+    if (rows_sh) rows = *rows_sh;
 #pragma unroll
     for (int j = 0; j < tf::GemvMma<R>::kBlocks; ++j) {
         const int r = tf::GemvMma<R>::row_of(j, lane);
@@ -173,6 +176,65 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
     if (entry < 0) return;  // the item is on the prompt path
     const Exl3Layer layer = layers[entry];
     linear_block<1>(a, layer, item_sh, 1, counters, item * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x, blockIdx.y, gridDim.y);
+}
+
+// The item path for items of which several may name the same table entry (a decode step's routed
+// experts: two streams that picked the same expert, and the merged shared expert, which every row
+// names). Same grid, partial sums and counters as tf_exl3_item_linear; each block counts, over the
+// launch's item -> entry table, how many earlier items name its entry (its rank). Ranks cut an
+// entry's items, in item order, into runs of kSharedRun: the block of a run's first item runs the
+// whole run, each decoded tile serving all of its rows (one n8 block of products costs what one row
+// does), and the other items' blocks return. No sorting launch runs before it, and each item's
+// arithmetic is the item path's (an output's bits come from its own row alone, exl3_gemv.cuh): the
+// same bits. Counters: the run's first item's (the others' stay zero).
+constexpr int kSharedRun = 4;
+extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_shared_item_linear(
+    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
+    const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
+    int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
+    tf_wait_prior_grid();
+    __shared__ LinearInputs<kSharedRun> xs;
+    __shared__ int item_sh[kSharedRun];
+    __shared__ int rows_sh;
+    __shared__ int warp_found[kLinearWarps];
+    const int item = blockIdx.z;
+    if (item >= items) return;
+    const int entry = layer_of_item[item];
+    if (entry < 0) return;  // the item is on the prompt path
+    // The rank: earlier items of the same entry (one block-wide count per 256 items).
+    int rank = 0;
+    for (int base = 0; base < item; base += blockDim.x) {
+        const int j = base + static_cast<int>(threadIdx.x);
+        rank += __syncthreads_count(j < item && layer_of_item[j] == entry);
+    }
+    if (rank % kSharedRun != 0) return;  // a run's later item: its first item's block runs it
+    // The run: this item, then the next kSharedRun - 1 items of its entry in item order.
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    int found = 1;
+    if (threadIdx.x == 0) item_sh[0] = item;
+    for (int base = item + 1; base < items && found < kSharedRun; base += blockDim.x) {
+        const int j = base + static_cast<int>(threadIdx.x);
+        const bool same = j < items && layer_of_item[j] == entry;
+        const unsigned int ballot = __ballot_sync(0xFFFFFFFFu, same);
+        if (lane == 0) warp_found[warp] = __popc(ballot);
+        __syncthreads();
+        int before = found;
+        for (int w = 0; w < warp; ++w) before += warp_found[w];
+        const int at = before + __popc(ballot & ((1u << lane) - 1u));
+        if (same && at < kSharedRun) item_sh[at] = j;
+        int total = found;
+        for (int w = 0; w < kLinearWarps; ++w) total += warp_found[w];
+        found = min(total, kSharedRun);
+        __syncthreads();  // warp_found is written again by the next round
+    }
+    if (threadIdx.x == 0) rows_sh = found;
+    __syncthreads();
+    const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
+    const Exl3Layer layer = layers[entry];
+    linear_block<kSharedRun>(a, layer, item_sh, found, counters, item * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x,
+                             blockIdx.y, gridDim.y, &rows_sh);
 }
 
 // Several EXL3 layers on the same input rows in one launch (q with k and v; q_a with kv_a): each

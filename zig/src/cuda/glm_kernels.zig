@@ -17,7 +17,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention",              "tf_route",                "tf_moe_combine",             "tf_logits_summary",          "tf_attention_combine",
     "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
     "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
-    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",      "tf_route_logits",
+    "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",      "tf_route_logits",            "tf_exl3_shared_item_linear",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -198,6 +198,10 @@ pub const Kernels = struct {
         /// decoded tile) when there are at least 4 items per layer. Its results equal the item
         /// path's bit for bit.
         grouping: ?Grouping = null,
+        /// The most items one table entry may hold (0: one; a decode step's routed experts: its
+        /// rows, each picking an expert once). From 2, the item path's items of one entry share
+        /// each decoded tile in runs of 4 (tf_exl3_shared_item_linear: the same bits).
+        entry_items_max: usize = 0,
 
         /// The entries the k split follows for a call over `layers` table entries.
         fn splitEntries(c: Exl3Call, layers: usize) usize {
@@ -227,7 +231,9 @@ pub const Kernels = struct {
         };
         var ptrs: [a.len]*anyopaque = undefined;
         inline for (0..a.len) |i| ptrs[i] = @ptrCast(&a[i]);
-        try k.run("tf_exl3_item_linear", .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, split_entries)), @intCast(c.items) }, 256, ptrs);
+        const grid: [3]u32 = .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, split_entries)), @intCast(c.items) };
+        if (c.entry_items_max >= 2 and c.layer_of_item != 0) return k.run("tf_exl3_shared_item_linear", grid, 256, ptrs);
+        try k.run("tf_exl3_item_linear", grid, 256, ptrs);
     }
 
     /// Sorts `items` items by table entry (layer_of_item, or i / group_items when 0; entries of -1

@@ -95,6 +95,8 @@ pub const GpuModel = struct {
     dense_mma: bool,
     dense_partials: usize,
     merge_shared: bool,
+    /// Routed items of one expert share its decoded tiles (TF_CUDA_SHARED_ITEMS=0: one item a block).
+    shared_items: bool,
     /// A decode step's shared expert on the side stream (parts/shared_side_cuda.zig), and its
     /// buffers (null: no shared expert, or the switch off).
     shared_side: bool,
@@ -258,6 +260,7 @@ pub const GpuModel = struct {
         model.dense_partials = 0;
         model.shared_side = shared_side.allowed();
         model.merge_shared = !core.switches.off("TF_CUDA_SHARED_MERGE");
+        model.shared_items = !core.switches.off("TF_CUDA_SHARED_ITEMS");
         model.side = null;
         model.hyper_fused = !core.switches.off("TF_CUDA_HC_FUSED");
         // A launch's items (2 x rows x slots for the expert gate/up pair) are its grid's z extent.

@@ -292,6 +292,12 @@ pub fn runExperts(model: *GpuModel, k: K.Kernels, moe: *const GpuMoe, rows: usiz
     down.up = model.gate + items * width * @sizeOf(f32);
     down.layer_of_item = model.route_experts;
     down.layers = entries;
+    // A row picks an expert once: an entry holds at most `rows` items (the merged shared expert
+    // exactly that), which then share its decoded tiles.
+    if (model.shared_items) {
+        gate_up.entry_items_max = rows;
+        down.entry_items_max = rows;
+    }
     if (!prompt or model.step_decode) {
         try k.exl3Linear(gate_up);
         try k.exl3Linear(down);
