@@ -23,6 +23,7 @@ FATBIN = ROOT / "zig-out" / "kernels" / "glm_forward.fatbin"
 # for the 8-row kernel where 416 / 409; 404 and 441 / 395 and 436 for the 16-row one where 454 / 444.
 BUDGET = {
     "tf_exl3_item_linear": [(402, 394)],
+    "tf_exl3_shared_item_linear": [(402, 394)],  # runs of up to four rows: one n8 block, as one row
     "tf_exl3_parts_linear": [(402, 394)],
     "tf_exl3_group_linear8": [(401, 393), (413, 407)],
     "tf_exl3_group_linear": [(404, 395), (441, 436)],
