@@ -159,11 +159,13 @@ __device__ __forceinline__ void linear_block(const LinearArgs& a, const Exl3Laye
 #else
 #define TF_ITEM_LINEAR_BOUNDS __launch_bounds__(256)
 #endif
-extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
-    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
-    const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
-    unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
-    int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
+// The item kernels' parameters (tf_exl3_item_linear and tf_exl3_shared_item_linear: one launch's).
+#define TF_ITEM_LINEAR_PARAMS                                                                                                 \
+    const float *__restrict__ x, const float *__restrict__ up, const int *__restrict__ source_rows,                           \
+        const int *__restrict__ layer_of_item, const Exl3Layer *__restrict__ layers, float *__restrict__ partial,            \
+        unsigned int *__restrict__ counters, float *__restrict__ y, int items, int group_items, int in_features, int out_features, \
+        int k_p, int n_p, int bits2, int codebook, int split_tiles
+extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(TF_ITEM_LINEAR_PARAMS) {
     tf_wait_prior_grid();
     __shared__ LinearInputs<1> xs;
     __shared__ int item_sh[1];
@@ -188,11 +190,7 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_item_linear(
 // arithmetic is the item path's (an output's bits come from its own row alone, exl3_gemv.cuh): the
 // same bits. Counters: the run's first item's (the others' stay zero).
 constexpr int kSharedRun = 4;
-extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_shared_item_linear(
-    const float* __restrict__ x, const float* __restrict__ up, const int* __restrict__ source_rows,
-    const int* __restrict__ layer_of_item, const Exl3Layer* __restrict__ layers, float* __restrict__ partial,
-    unsigned int* __restrict__ counters, float* __restrict__ y, int items, int group_items, int in_features,
-    int out_features, int k_p, int n_p, int bits2, int codebook, int split_tiles) {
+extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_shared_item_linear(TF_ITEM_LINEAR_PARAMS) {
     tf_wait_prior_grid();
     __shared__ LinearInputs<kSharedRun> xs;
     __shared__ int item_sh[kSharedRun];
@@ -236,6 +234,7 @@ extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_shared_item_linear(
     linear_block<kSharedRun>(a, layer, item_sh, found, counters, item * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x,
                              blockIdx.y, gridDim.y, &rows_sh);
 }
+#undef TF_ITEM_LINEAR_PARAMS
 
 // Several EXL3 layers on the same input rows in one launch (q with k and v; q_a with kv_a): each
 // part its own width, k split, outputs, partial sums and counters, as its own launch would run it,
