@@ -44,6 +44,14 @@ def share_gpus(ranks: int, gpus: int) -> str | None:
     return f"{ranks} ranks on {gpus} GPU(s): every rank on GPU {os.environ['TRELLISFORGE_GPU']}, the sums over TCP (NCCL needs a GPU per rank)"
 
 
+def stream_prompt(prompt: list[int], tokens: int, stream: int, vocab: int) -> list[int]:
+    """Stream 0's decode context is the prompt's first `tokens`; each later stream's, random tokens
+    of its own."""
+    if stream == 0:
+        return prompt[:tokens]
+    return [int(t) for t in np.random.default_rng(1000 + stream).integers(10, vocab, tokens)]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", nargs="?")
@@ -138,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
         params = Sampling(max_tokens=budget)
         if sampling != "greedy":
             params = Sampling(max_tokens=budget, temperature=0.7, top_p=0.95, seed=1)
-        ids = [engine.add(prompt[:args.decode_context], params, stop_token_ids=[]) for _ in range(streams)]
+        # Each stream its own prompt: streams of one prompt decode the same tokens and pick the
+        # same experts at every step, which flatters whatever shares work between rows.
+        ids = [engine.add(stream_prompt(prompt, args.decode_context, i, engine.vocab_size), params, stop_token_ids=[]) for i in range(streams)]
         # A stream can end on its own (its context, or a KV pool too small for every stream's):
         # it is not cancelled, and the row says it timed fewer streams.
         ended: set[int] = set()
