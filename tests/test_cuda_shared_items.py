@@ -3,9 +3,12 @@ the item path's grid, runs of up to 4 items of one table entry in one block). Th
 item path's, whatever the step's rows: a prompt in chunks of 2, 3, 4 and 6 rows (the fixtures' 8
 experts, top 4, and the merged shared expert: every chunk has entries named by several rows, runs
 of 2 to 4 and a run cut at 4) equals the same chunks item by item (TF_CUDA_SHARED_ITEMS=0) and the
-prompt computed one row per forward. A decode step of 3 streams takes the shared kernel for each MoE
-layer's gate/up and down; with the switch off it does not, and the streams' tokens and
-log-probabilities are the same bits. Skips, with the library's reason, where no GPU is usable."""
+prompt computed one row per forward. The same switch puts a plain layer's 2 to 4 rows in one block
+(q, k and v in tf_exl3_parts_linear4, the other plain linears in tf_exl3_group_linear4), which the
+same chunks cover. A decode step of 3 streams takes the shared kernel for each MoE layer's gate/up
+and down, and the 4-row kernels for every attention layer's projections; with the switch off it
+takes none of them, and the streams' tokens and log-probabilities are the same bits. Skips, with
+the library's reason, where no GPU is usable."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +21,7 @@ from trellisforge import Sampling
 AVAILABLE, REASON = trellisforge.cuda_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"no usable GPU: {REASON}")
 SHARED = "tf_exl3_shared_item_linear"
+PARTS4, GROUP4 = "tf_exl3_parts_linear4", "tf_exl3_group_linear4"
 
 
 def engine(variant: str, rows_max: int, max_seqs: int = 2):
@@ -69,10 +73,14 @@ def test_a_decode_step_of_three_streams_takes_the_shared_kernel_with_the_same_bi
     # Each MoE layer's routed gate/up and down (the shared expert runs beside them, on its own).
     assert names.count(SHARED) == 2 * moe_layers, names
     assert {e["part"] for e in timeline if e["name"] == SHARED} == {"ffn"}
+    # Every attention layer's q, k and v in one 4-row launch, then o_proj on the 4-row group kernel.
+    for layer in range(config["num_hidden_layers"]):
+        attention = [e["name"] for e in timeline if e["layer"] == layer and e["part"] == "attention"]
+        assert attention.count(PARTS4) == 1 and attention.count(GROUP4) == 1, (layer, attention)
 
     monkeypatch.setenv("TF_CUDA_SHARED_ITEMS", "0")
     apart, timeline = three_streams(engine("3.0", 64, max_seqs=3), timed=True)
-    assert SHARED not in [e["name"] for e in timeline]
+    assert not {SHARED, PARTS4, GROUP4} & {e["name"] for e in timeline}
     assert apart == shared
     monkeypatch.setenv("TF_CUDA_GRAPHS", "0")
     monkeypatch.delenv("TF_CUDA_SHARED_ITEMS")
@@ -81,11 +89,12 @@ def test_a_decode_step_of_three_streams_takes_the_shared_kernel_with_the_same_bi
 
 
 def test_one_stream_keeps_the_item_kernel():
-    """A row names an expert once: a step of one row has nothing to share, and keeps the item path."""
+    """A row names an expert once: a step of one row has nothing to share, and keeps the item path
+    (and q, k and v the one-row parts kernel)."""
     eng = engine("3.0", 64)
     eng.add(prompts()["short"], Sampling(max_tokens=4), stop_token_ids=[])
     eng.step()
     eng.time_next_step()
     eng.step()
     names = [e["name"] for e in eng.timeline()]
-    assert SHARED not in names and "tf_exl3_item_linear" in names
+    assert not {SHARED, PARTS4, GROUP4} & set(names) and "tf_exl3_item_linear" in names

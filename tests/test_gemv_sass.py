@@ -25,6 +25,8 @@ BUDGET = {
     "tf_exl3_item_linear": [(402, 394)],
     "tf_exl3_shared_item_linear": [(402, 394)],  # runs of up to four rows: one n8 block, as one row
     "tf_exl3_parts_linear": [(402, 394)],
+    "tf_exl3_parts_linear4": [(401, 394)],  # a plain layer's 2 to 4 rows: one n8 block, as one row
+    "tf_exl3_group_linear4": [(401, 393)],
     "tf_exl3_group_linear8": [(401, 393), (413, 407)],
     "tf_exl3_group_linear": [(404, 395), (441, 436)],
 }

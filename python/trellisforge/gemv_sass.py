@@ -19,7 +19,8 @@ try:
 except ImportError:  # imported standalone, as the tests do: it must not load the library
     from kernel_contract import cuobjdump
 
-GEMV_KERNELS = ("tf_exl3_item_linear", "tf_exl3_shared_item_linear", "tf_exl3_parts_linear", "tf_exl3_group_linear8", "tf_exl3_group_linear")
+GEMV_KERNELS = ("tf_exl3_item_linear", "tf_exl3_shared_item_linear", "tf_exl3_parts_linear", "tf_exl3_parts_linear4", "tf_exl3_group_linear4",
+                "tf_exl3_group_linear8", "tf_exl3_group_linear")
 MUL1_MULTIPLIER = "-0x7c232ed3"  # 0x83DCD12D as SASS prints the immediate
 
 

@@ -264,6 +264,28 @@ static_assert(sizeof(LinearParts) == 232, "exl3_parts.zig's LinearParts");
 #else
 #define TF_PARTS_LINEAR_BOUNDS __launch_bounds__(256, 3)
 #endif
+// A block's part: the place's part p, its table entry, arguments and 128-column chunk.
+struct PartPlace {
+    Exl3Layer layer;
+    LinearArgs a;
+    int chunk;
+    int split;
+    int splits;
+    unsigned int* counters;
+};
+__device__ __forceinline__ PartPlace part_place(const float* x, const LinearParts& parts, int rows, int in_features, int k_p, int bits2, int codebook) {
+    const int place = static_cast<int>(blockIdx.x);
+    const int p = place >= parts.first_place[2] ? 2 : place >= parts.first_place[1] ? 1 : 0;
+    const auto pick = [&](const auto& field) { return p == 2 ? field[2] : p == 1 ? field[1] : field[0]; };
+    const Exl3Layer layer{pick(parts.layer).words, pick(parts.layer).suh, pick(parts.layer).svh, pick(parts.layer).bias};
+    const int n_p = pick(parts.n_p);
+    const int chunks = n_p / kHadamard;
+    const int at = place - pick(parts.first_place);
+    const LinearArgs a{x, nullptr, nullptr, rows, pick(parts.partial), pick(parts.y), rows, in_features, pick(parts.out_features), k_p, n_p,
+                       bits2, codebook, pick(parts.split_tiles)};
+    return {layer, a, at % chunks, at / chunks, pick(parts.splits), pick(parts.counters)};
+}
+
 extern "C" __global__ void TF_PARTS_LINEAR_BOUNDS tf_exl3_parts_linear(const float* __restrict__ x, const int* __restrict__ live_rows,
                                                                       const LinearParts parts, int rows, int in_features, int k_p,
                                                                       int bits2, int codebook) {
@@ -287,6 +309,31 @@ extern "C" __global__ void TF_PARTS_LINEAR_BOUNDS tf_exl3_parts_linear(const flo
     linear_block<1>(a, layer, item_sh, 1, pick(parts.counters), item * chunks + chunk, xs, chunk, at / chunks, pick(parts.splits));
 }
 
+// The parts of 2 to kSharedRun rows in one block a place: block z takes rows kSharedRun·z on (the
+// live ones), each decoded tile serving them all, one n8 block of products as one row's (the same
+// bits as a block a row). Its counters are the group's, one per (group, 128 columns) of a part.
+extern "C" __global__ void TF_PARTS_LINEAR_BOUNDS tf_exl3_parts_linear4(const float* __restrict__ x, const int* __restrict__ live_rows,
+                                                                     const LinearParts parts, int rows, int in_features, int k_p, int bits2,
+                                                                     int codebook) {
+    tf_wait_prior_grid();
+    __shared__ LinearInputs<kSharedRun> xs;
+    __shared__ int item_sh[kSharedRun];
+    __shared__ int rows_sh;
+    const int group = blockIdx.z;
+    if (threadIdx.x == 0) {
+        int found = 0;
+        for (int r = group * kSharedRun; r < min(rows, (group + 1) * kSharedRun); ++r)
+            if (!live_rows || live_rows[r] >= 0) item_sh[found++] = r;
+        rows_sh = found;
+    }
+    __syncthreads();
+    const int found = rows_sh;
+    if (found == 0) return;
+    const PartPlace at = part_place(x, parts, rows, in_features, k_p, bits2, codebook);
+    linear_block<kSharedRun>(at.a, at.layer, item_sh, found, at.counters, group * (at.a.n_p / kHadamard) + at.chunk, xs, at.chunk, at.split,
+                             at.splits, &rows_sh);
+}
+
 // The grouped path: block z takes group z of tf_exl3_group_items (blocks past the group count
 // return at once). Without `sorted_items` the items are plain layers' (item i: table entry
 // i / group_items, every item live), whose groups the sort would make are each entry's items in
@@ -302,6 +349,7 @@ __device__ __forceinline__ void group_linear(const float* __restrict__ x, const 
     tf_wait_prior_grid();
     __shared__ LinearInputs<kRows> xs;
     __shared__ int item_sh[kRows];
+    __shared__ int rows_sh;
     const int group = blockIdx.z;
     int rows, entry;
     if (sorted_items) {
@@ -317,10 +365,14 @@ __device__ __forceinline__ void group_linear(const float* __restrict__ x, const 
         if (rows <= 0) return;
         if (threadIdx.x < rows) item_sh[threadIdx.x] = entry * group_items + offset + threadIdx.x;
     }
+    if constexpr (kRows <= kSharedRun)
+        if (threadIdx.x == 0) rows_sh = rows;
     __syncthreads();
     const LinearArgs a{x, up, source_rows, group_items, partial, y, items, in_features, out_features, k_p, n_p, bits2, codebook, split_tiles};
     const Exl3Layer layer = layers[entry];
-    linear_block<kRows>(a, layer, item_sh, rows, counters, group * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x, blockIdx.y, gridDim.y);
+    // At 40 registers (the four-row form) the row count is read again after the GEMV.
+    linear_block<kRows>(a, layer, item_sh, rows, counters, group * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x), xs, blockIdx.x, blockIdx.y, gridDim.y,
+                        kRows <= kSharedRun ? &rows_sh : nullptr);
 }
 
 #define TF_GROUP_LINEAR_PARAMS                                                                                                              \
@@ -343,6 +395,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) tf_exl3_group_linear(TF_GRO
 // half the 16-row form's shared planes, so four blocks fit an SM (64 registers).
 extern "C" __global__ void __launch_bounds__(256, 4) tf_exl3_group_linear8(TF_GROUP_LINEAR_PARAMS) {
     group_linear<8>(TF_GROUP_LINEAR_ARGS);
+}
+// Plain layers of 2 to 4 rows (steps of 2 to 4 streams): the shared-item kernel's one n8 block
+// and 40 registers, six blocks an SM on sm_90, where the 8-row form's 64 allow four.
+extern "C" __global__ void TF_ITEM_LINEAR_BOUNDS tf_exl3_group_linear4(TF_GROUP_LINEAR_PARAMS) {
+    group_linear<kSharedRun>(TF_GROUP_LINEAR_ARGS);
 }
 #undef TF_GROUP_LINEAR_PARAMS
 #undef TF_GROUP_LINEAR_ARGS

@@ -11,9 +11,14 @@ const Ptr = gpu_mod.DevicePtr;
 const Error = gpu_mod.Error;
 
 pub const parts_max = 3;
-/// The rows one launch takes: the item path's. From 4 rows a single weight takes the grouped path,
-/// whose decoded tiles serve several rows (its bits are the item path's).
-pub const rows_max = 3;
+/// The rows one launch takes: up to 3 a block a row (the item path's); with rows together, 2 to 4
+/// in one block a place (tf_exl3_parts_linear4, each decoded tile serving them all). From there a
+/// single weight takes the grouped path (its bits are the item path's).
+pub const rows_max = 4;
+pub fn rowsMax(together: bool) usize {
+    return if (together) rows_max else 3;
+}
+const rows_together = 4; // kSharedRun in glm_forward.cu
 
 /// LinearParts in glm_forward.cu, field for field.
 pub const LinearParts = extern struct {
@@ -47,6 +52,8 @@ pub const Call = struct {
     codebook: u8,
     acc: Ptr,
     counters: Ptr,
+    /// From 2 rows, every row in one block a place (tf_exl3_parts_linear4: the same bits).
+    together: bool = false,
 };
 
 pub const Scratch = struct { partials: usize, counters: usize };
@@ -86,13 +93,17 @@ pub fn scratch(k_p: usize, parts: []const Part, rows: usize) Scratch {
 }
 
 pub fn run(k: glm.Kernels, c: Call, parts: []const Part) Error!void {
-    std.debug.assert(parts.len >= 2 and parts.len <= parts_max and c.rows >= 1 and c.rows <= rows_max and c.acc % 16 == 0);
+    std.debug.assert(parts.len >= 2 and parts.len <= parts_max and c.rows >= 1 and c.rows <= rowsMax(c.together) and c.acc % 16 == 0);
     const l = layout(c.k_p, c.bits2, parts, c.rows, c.acc, c.counters);
     k.gpu.noteReads(l.bytes);
     const values = .{
         c.x,                                 c.live_rows,                 l.d,                 @as(c_int, @intCast(c.rows)),
         @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.k_p)), @as(c_int, c.bits2), @as(c_int, c.codebook),
     };
+    if (c.together and c.rows >= 2) return gpu_mod.launchValues(k.gpu, k.module.function("tf_exl3_parts_linear4"), .{
+        .grid = .{ @intCast(l.places), 1, @intCast(std.math.divCeil(usize, c.rows, rows_together) catch unreachable) },
+        .block = .{ 256, 1, 1 },
+    }, values, "launch tf_exl3_parts_linear4", k.diag);
     try gpu_mod.launchValues(k.gpu, k.module.function("tf_exl3_parts_linear"), .{
         .grid = .{ @intCast(l.places), 1, @intCast(c.rows) },
         .block = .{ 256, 1, 1 },

@@ -18,6 +18,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
     "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
     "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",      "tf_route_logits",            "tf_exl3_shared_item_linear",
+    "tf_exl3_group_linear4",     "tf_exl3_parts_linear4",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -98,6 +99,8 @@ pub fn exl3EntryBytes(k_p: usize, n_p: usize, bits2: u8) u64 {
 pub const group_rows = 16;
 /// The rows of tf_exl3_group_linear8's groups, for plain layers of that many rows or fewer.
 pub const group_rows_narrow = 8;
+/// The rows of tf_exl3_group_linear4's groups (kSharedRun in glm_forward.cu).
+pub const group_rows_together = 4;
 /// The grouping kernel's bound on table entries (its shared counters).
 pub const group_layers_max = 1024;
 
@@ -202,6 +205,14 @@ pub const Kernels = struct {
         /// rows, each picking an expert once). From 2, the item path's items of one entry share
         /// each decoded tile in runs of 4 (tf_exl3_shared_item_linear: the same bits).
         entry_items_max: usize = 0,
+        /// A plain layer's 2 to 4 rows share each decoded tile in one block (tf_exl3_group_linear4,
+        /// six blocks an SM as one row's kernel; the same bits), where the item path decoded a
+        /// tile per row and 4 rows took the 8-row form's four blocks an SM.
+        rows_together: bool = false,
+
+        fn plainTogether(c: Exl3Call, group_items: usize) bool {
+            return c.rows_together and c.layer_of_item == 0 and group_items >= 2 and group_items <= group_rows_together;
+        }
 
         /// The entries the k split follows for a call over `layers` table entries.
         fn splitEntries(c: Exl3Call, layers: usize) usize {
@@ -218,7 +229,7 @@ pub const Kernels = struct {
         // Grouping pays when a layer's items are several on average: one decoded tile then
         // serves them all; with about one item per layer (decode over many experts) the item path
         // is faster (tf-bench: 16 rows over 128 experts took 1.9 ms grouped, 1.2 ms by item).
-        if (c.grouping) |g| if (layers <= group_layers_max and c.items >= 4 * layers) return k.exl3GroupLinear(c, g, group_items, layers);
+        if (c.grouping) |g| if (layers <= group_layers_max and (c.items >= 4 * layers or c.plainTogether(group_items))) return k.exl3GroupLinear(c, g, group_items, layers);
         k.gpu.noteReads(@min(c.items, layers) * exl3EntryBytes(c.k_p, c.n_p, c.bits2));
         const split_entries = c.splitEntries(layers);
         const split_tiles = splitTiles(c.k_p, c.n_p, split_entries);
@@ -272,6 +283,7 @@ pub const Kernels = struct {
         // Plain layers of at most 8 rows a layer (steps of up to 8 streams) take the one-n8-block
         // form: the same arithmetic per row, so the same bits.
         const grid: [3]u32 = .{ @intCast(c.n_p / 128), @intCast(splitsFor(c.k_p, c.n_p, split_entries)), @intCast(groupsMax(c.items, layers)) };
+        if (c.plainTogether(group_items)) return k.run("tf_exl3_group_linear4", grid, 256, ptrs);
         if (!sorted and group_items <= group_rows_narrow) return k.run("tf_exl3_group_linear8", grid, 256, ptrs);
         try k.run("tf_exl3_group_linear", grid, 256, ptrs);
     }

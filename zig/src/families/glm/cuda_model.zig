@@ -95,7 +95,8 @@ pub const GpuModel = struct {
     dense_mma: bool,
     dense_partials: usize,
     merge_shared: bool,
-    /// Routed items of one expert share its decoded tiles (TF_CUDA_SHARED_ITEMS=0: one item a block).
+    /// Routed items of one expert share its decoded tiles, and a plain layer's 2 to 4 rows theirs
+    /// (TF_CUDA_SHARED_ITEMS=0: one item a block; the 8-row form from 4 rows).
     shared_items: bool,
     /// A decode step's shared expert on the side stream (parts/shared_side_cuda.zig), and its
     /// buffers (null: no shared expert, or the switch off).

@@ -196,6 +196,7 @@ pub fn exl3Call(model: *const GpuModel, shape: anytype, table: Ptr, in_features:
         .bits2 = shape.bits2,
         .codebook = shape.codebook,
         .split_entries = if (@hasField(@TypeOf(shape), "split_entries")) shape.split_entries else 0,
+        .rows_together = model.shared_items,
     };
 }
 

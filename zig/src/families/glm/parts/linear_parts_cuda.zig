@@ -51,7 +51,7 @@ pub fn partsOf(linears: []const *const GpuLinear, entries: []const usize) ?Parts
 /// the linears its own way.
 pub fn runParts(model: *GpuModel, k: K.Kernels, parts: ?Parts, x: Ptr, ys: []const Ptr, rows: usize) Error!bool {
     var p = parts orelse return false;
-    if (model.step_prompt or rows > X.rows_max) return false;
+    if (model.step_prompt or rows > X.rowsMax(model.shared_items)) return false;
     std.debug.assert(ys.len == p.count);
     for (p.list[0..p.count], ys) |*part, y| part.y = y;
     try X.run(k, .{
@@ -63,6 +63,7 @@ pub fn runParts(model: *GpuModel, k: K.Kernels, parts: ?Parts, x: Ptr, ys: []con
         .codebook = p.codebook,
         .acc = model.acc,
         .counters = model.counters,
+        .together = model.shared_items,
     }, p.list[0..p.count]);
     return true;
 }
