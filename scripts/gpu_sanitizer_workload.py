@@ -10,8 +10,9 @@ from glm_fixtures import checkpoint_dir, prompts
 p = prompts()
 e = t.Engine(checkpoint_dir("3.0"), backend="cuda", max_seqs=4)
 e.logits_batch([p["short"], p["chat"]])
-s = t.Sampling(max_tokens=4, temperature=0.8, seed=3)
-for name in ("short", "chat"): e.add(p[name], s, stop_token_ids=[])
+# Three streams, then two (the plain layers' 2-4 rows in one block), then one.
+for name, tokens in (("short", 6), ("chat", 4), ("long", 2)):
+    e.add(p[name], t.Sampling(max_tokens=tokens, temperature=0.8, seed=3), stop_token_ids=[])
 while e.stats()["sequences_live"] or e.stats()["sequences_waiting"]: e.step()
 import os
 os.environ["TF_CUDA_PROMPT_ATTENTION"] = "0"

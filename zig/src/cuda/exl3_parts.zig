@@ -14,11 +14,10 @@ pub const parts_max = 3;
 /// The rows one launch takes: up to 3 a block a row (the item path's); with rows together, 2 to 4
 /// in one block a place (tf_exl3_parts_linear4, each decoded tile serving them all). From there a
 /// single weight takes the grouped path (its bits are the item path's).
-pub const rows_max = 4;
+pub const rows_max = glm.group_rows_together;
 pub fn rowsMax(together: bool) usize {
     return if (together) rows_max else 3;
 }
-const rows_together = 4; // kSharedRun in glm_forward.cu
 
 /// LinearParts in glm_forward.cu, field for field.
 pub const LinearParts = extern struct {
@@ -101,7 +100,7 @@ pub fn run(k: glm.Kernels, c: Call, parts: []const Part) Error!void {
         @as(c_int, @intCast(c.in_features)), @as(c_int, @intCast(c.k_p)), @as(c_int, c.bits2), @as(c_int, c.codebook),
     };
     if (c.together and c.rows >= 2) return gpu_mod.launchValues(k.gpu, k.module.function("tf_exl3_parts_linear4"), .{
-        .grid = .{ @intCast(l.places), 1, @intCast(std.math.divCeil(usize, c.rows, rows_together) catch unreachable) },
+        .grid = .{ @intCast(l.places), 1, @intCast(std.math.divCeil(usize, c.rows, glm.group_rows_together) catch unreachable) },
         .block = .{ 256, 1, 1 },
     }, values, "launch tf_exl3_parts_linear4", k.diag);
     try gpu_mod.launchValues(k.gpu, k.module.function("tf_exl3_parts_linear"), .{

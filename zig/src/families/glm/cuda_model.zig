@@ -17,6 +17,7 @@ const release_mod = @import("release.zig");
 const Batch = @import("batch.zig").Batch;
 const Config = @import("config.zig").Config;
 const buffers = @import("cuda_buffers.zig");
+const census = @import("cuda_census.zig");
 const linear_cuda = @import("parts/linear_cuda.zig");
 const gqa_cuda = @import("parts/gqa_cuda.zig");
 const mlp_cuda = @import("parts/mlp_cuda.zig");
@@ -223,6 +224,12 @@ pub const GpuModel = struct {
     pub const sharedSideLayers = shared_side.layers;
     pub const rowTable = buffers.rowTable;
     pub const uploadBatch = buffers.uploadBatch;
+    pub const kvPairs = census.kvPairs;
+    pub const promptLayers = census.promptLayers;
+    pub const timeNext = census.timeNext;
+    pub const timelineEntries = census.timelineEntries;
+    pub const launchMicros = census.launchMicros;
+    pub const at = census.at;
 
     pub fn init(gpa: std.mem.Allocator, weights: *const weights_mod.Weights, limits: Limits, diag: *Diagnostic) Error!*GpuModel {
         return create(gpa, weights, null, limits, diag);
@@ -445,26 +452,6 @@ pub const GpuModel = struct {
         recordable: bool = false,
     };
 
-    /// Attention layers whose k and v projections run as one launch.
-    pub fn kvPairs(model: *const GpuModel) u64 {
-        var count: u64 = 0;
-        for (model.blocks) |*block| switch (block.attention) {
-            .gqa => |*part| count += @intFromBool(part.kv_pair != 0),
-            .mla, .kda => {},
-        };
-        return count;
-    }
-
-    /// MoE layers whose routed experts the prompt kernels take.
-    pub fn promptLayers(model: *const GpuModel) u64 {
-        var count: u64 = 0;
-        for (model.blocks) |*block| switch (block.ffn) {
-            .dense => {},
-            .moe => |*moe| count += @intFromBool(moe.prompt),
-        };
-        return count;
-    }
-
     /// The same contract as forward_cpu.forward; the KV cache is this model's device cache.
     pub fn forward(model: *GpuModel, batch: Batch, logits: []f32, diag: *Diagnostic) Error!void {
         return model.forwardRank(batch, logits, null, diag);
@@ -503,31 +490,6 @@ pub const GpuModel = struct {
             try model.gpu.downloadAsync(std.mem.sliceAsBytes(logits[i * vocab ..][0..vocab]), model.logits + i * vocab * @sizeOf(f32), diag);
         }
         try model.gpu.synchronize(diag);
-    }
-
-    /// Times the next forward launch by launch (`timelineEntries` once it has run).
-    pub fn timeNext(model: *GpuModel) Error!void {
-        if (model.timeline == null) {
-            const timeline = try model.gpa.create(cuda.timeline.Timeline);
-            timeline.* = .init(model.gpa);
-            model.timeline = timeline;
-        }
-        model.timeline_armed = true;
-    }
-
-    /// The last timed forward's launches (empty before one has run); `launchMicros` times each.
-    pub fn timelineEntries(model: *const GpuModel) []const cuda.timeline.Entry {
-        const timeline = model.timeline orelse return &.{};
-        return if (timeline.closed) timeline.entries.items else &.{};
-    }
-
-    pub fn launchMicros(model: *const GpuModel, i: usize, diag: *Diagnostic) Error!f32 {
-        return model.timeline.?.micros(&model.gpu, i, diag);
-    }
-
-    /// Where the launches that follow belong in the timeline (when one is being taken).
-    pub fn at(model: *GpuModel, layer: ?usize, part: cuda.timeline.Part) void {
-        if (model.gpu.timeline) |timeline| timeline.at(if (layer) |l| @intCast(l) else -1, part);
     }
 
     /// The batch to the device and the forward queued, replayed from a recording when it can be.
