@@ -138,7 +138,8 @@ def test_head_products_on_f16_weights_keep_the_bits(model_type, tmp_path, monkey
 @pytest.mark.parametrize("model_type", ["glm4_moe_lite", "glm_moe_dsa"])
 def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypatch):
     """A decode step's rows run q_a_proj and kv_a_proj_with_mqa (EXL3, one input) as one GEMV
-    launch, tf_exl3_parts_linear, and in a layer running its DSA indexer q_b_proj with the
+    launch, tf_exl3_parts_linear (one row; 2 to 4 rows, tf_exl3_parts_linear4's one block a
+    place), and in a layer running its DSA indexer q_b_proj with the
     indexer's wq_b (both on the normed q latent), each part with the k split of its own launch;
     TF_CUDA_PARTS=0 runs them apart. One, two and three streams' sampled log-probabilities through replayed graphs
     (and the prompt's logits) are the same bits, and the timelines show which launches ran."""
@@ -160,7 +161,7 @@ def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypa
                     if step == 2:
                         launched = [e["name"] for e in engine.timeline()]
                         names |= set(launched)
-                        parts_launches = launched.count("tf_exl3_parts_linear")
+                        parts_launches = launched.count("tf_exl3_parts_linear") + launched.count("tf_exl3_parts_linear4")
                     step += 1
             assert engine.stats()["graph_replays"] > 0
             logits = engine.logits(prompts[0])
@@ -169,7 +170,8 @@ def test_q_a_and_kv_a_in_one_launch_keep_the_bits(model_type, tmp_path, monkeypa
     together, together_logprobs, together_names, launches = run()
     monkeypatch.setenv("TF_CUDA_PARTS", "0")
     apart, apart_logprobs, apart_names, _ = run()
-    assert "tf_exl3_parts_linear" in together_names and "tf_exl3_parts_linear" not in apart_names
+    assert "tf_exl3_parts_linear" in together_names and "tf_exl3_parts_linear4" in together_names
+    assert not {"tf_exl3_parts_linear", "tf_exl3_parts_linear4"} & apart_names
     layers = json.loads((root / "config.json").read_text())["num_hidden_layers"]
     # Each layer's q_a/kv_a launch, and where the indexer runs (every layer here) its q_b/wq_b.
     assert launches == (2 * layers if model_type == "glm_moe_dsa" else layers), launches
