@@ -92,6 +92,7 @@ const headers = [_][]const u8{
     "mma.cuh",
     "moe_combine.cuh",
     "moe_route.cuh",
+    "route_logits.cuh",
     "split_fold.cuh",
     "swiglu.cuh",
 };

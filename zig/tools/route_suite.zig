@@ -9,7 +9,10 @@
 //!   - a merged shared expert's slot, and a step's prompt rows (their experts on the prompt tables,
 //!     -1 on the GEMV's, and the other way round);
 //!   - a row of NaN: its picks are still top_k distinct experts in range (no table reads past them);
-//!   - 6 rows (a decode step's one launch) and 20 (the logits' own launch, a last group of 4 rows).
+//!   - 6 rows (a decode step's one launch) and 20 (the logits' own launch, a last group of 4 rows);
+//!   - the logits' own launch against tf_route's, row by row, on random f32 inputs, bit for bit
+//!     (their chains are the same): both of its forms, the tiles (hidden a multiple of 128) and
+//!     a warp per expert (other sizes), rows and experts past a whole block.
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -59,6 +62,96 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     const k: cuda.glm_kernels.Kernels = .{ .gpu = gpu, .module = &module, .diag = &diag };
     var prng = std.Random.DefaultPrng.init(0x2047e);
     for (row_counts) |rows| for (cases) |case| try runCase(gpa, gpu, k, prng.random(), case, rows, report);
+    for (chain_cases) |case| try runChains(gpa, gpu, k, prng.random(), case, report);
+}
+
+const ChainCase = struct { hidden: usize, rows: usize, experts: usize };
+
+/// tf_route_logits_tiles (4096: GLM-4.5-Air's; 2048 with 288 experts: GLM-5.3-Flash's), and
+/// tf_route_logits with float4s (4100) and without (1030).
+const chain_cases = [_]ChainCase{
+    .{ .hidden = 4096, .rows = 37, .experts = 128 },
+    .{ .hidden = 2048, .rows = 16, .experts = 288 },
+    .{ .hidden = 4100, .rows = 21, .experts = 42 },
+    .{ .hidden = 1030, .rows = 17, .experts = 20 },
+};
+
+/// The probabilities and choice scores a chunk's launch writes to the router's scratch against
+/// those tf_route writes computing each row's logits itself.
+fn runChains(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, random: std.Random, case: ChainCase, report: *Report) !void {
+    const rows = case.rows;
+    const experts = case.experts;
+    const top_k = 4;
+    const x = try gpa.alloc(f32, rows * case.hidden);
+    defer gpa.free(x);
+    for (x) |*v| v.* = random.floatNorm(f32);
+    const gate = try gpa.alloc(f32, experts * case.hidden);
+    defer gpa.free(gate);
+    for (gate) |*v| v.* = random.floatNorm(f32) * 0.05;
+    const correction = try gpa.alloc(f32, experts);
+    defer gpa.free(correction);
+    for (correction) |*v| v.* = random.floatNorm(f32) * 0.01;
+
+    const d_x = try upload(gpu, std.mem.sliceAsBytes(x), k.diag);
+    defer gpu.free(d_x);
+    const d_gate = try upload(gpu, std.mem.sliceAsBytes(gate), k.diag);
+    defer gpu.free(d_gate);
+    const d_correction = try upload(gpu, std.mem.sliceAsBytes(correction), k.diag);
+    defer gpu.free(d_correction);
+    const scratch_bytes = rows * 2 * experts * 4;
+    const d_scratch = try gpu.alloc(2 * scratch_bytes, k.diag); // the chunk's, then the rows'
+    defer gpu.free(d_scratch);
+    try gpu.poison(d_scratch, 2 * scratch_bytes, k.diag);
+    const d_counters = try gpu.alloc(rows * 4, k.diag);
+    defer gpu.free(d_counters);
+    try gpu.zero(d_counters, rows * 4, k.diag);
+    const items = rows * top_k;
+    const d_out = try gpu.alloc(items * 4 * 6, k.diag);
+    defer gpu.free(d_out);
+
+    const route: cuda.glm_kernels.Kernels.Route = .{
+        .x = d_x,
+        .gate = d_gate,
+        .correction = d_correction,
+        .experts_out = d_out,
+        .weights_out = d_out + items * 4,
+        .pair_layers = d_out + items * 8,
+        .pair_rows = d_out + items * 16,
+        .row_prompt = 0,
+        .prompt_layers = 0,
+        .scratch = d_scratch,
+        .counters = d_counters,
+        .rows = rows,
+        .hidden = case.hidden,
+        .experts = experts,
+        .top_k = top_k,
+        .slots = top_k,
+        .groups = 1,
+        .groups_per_token = 1,
+        .normalize = true,
+        .scaling = 1.0,
+    };
+    std.debug.assert(rows >= cuda.glm_kernels.Kernels.route_logits_rows_min);
+    try k.route(route);
+    for (0..rows) |r| {
+        var one = route;
+        one.x = d_x + r * case.hidden * 4;
+        one.scratch = d_scratch + scratch_bytes + r * 2 * experts * 4;
+        one.counters = d_counters + r * 4;
+        one.rows = 1;
+        try k.route(one);
+    }
+    try gpu.synchronize(k.diag);
+    const got = try gpa.alloc(u32, 2 * rows * 2 * experts);
+    defer gpa.free(got);
+    try gpu.download(std.mem.sliceAsBytes(got), d_scratch, k.diag);
+    const chunk = got[0 .. rows * 2 * experts];
+    const by_row = got[rows * 2 * experts ..];
+    var differ: usize = 0;
+    for (chunk, by_row) |a, b| differ += @intFromBool(a != b);
+    report.check(differ == 0, "route logits, hidden {d}, {d} rows x {d} experts: {d} of {d} scratch words differ between the chunk's launch and tf_route's one row at a time", .{
+        case.hidden, rows, experts, differ, chunk.len,
+    });
 }
 
 fn runCase(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels, random: std.Random, case: Case, rows: usize, report: *Report) !void {

@@ -173,6 +173,7 @@ extern "C" __global__ void tf_dense_matmul(const float* __restrict__ x, const fl
 #include "attention_decode.cuh"
 #include "attention_heads.cuh"
 #include "moe_route.cuh"
+#include "route_logits.cuh"
 
 #include "dense_linear.cuh"
 #include "logits_summary.cuh"

@@ -159,64 +159,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
     }
 }
 
-// The router's logits of many rows (a prompt chunk's) for tf_route launched after it without its
-// gate: a warp per expert over kRouteLogitsRows rows, so each block reads its experts' weights once
-// for those rows where tf_route reads them once a row (a 256-row chunk of GLM-4.5-Air: 4096 blocks
-// of 128 KB of weights from L2, 75 us a layer on an H100). Each (row, expert) is tf_route's own
-// chain (a lane's float4s in ascending order, the warp's butterfly sum, the same sigmoid), so the
-// same bits.
-constexpr int kRouteLogitsRows = 8;
-
-extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* __restrict__ x, const float* __restrict__ gate,
-                                                                  const float* __restrict__ correction, float* __restrict__ scratch,
-                                                                  int rows, int hidden, int experts) {
-    tf_wait_prior_grid();
-    const int warp = threadIdx.x / kWarp;
-    const int lane = threadIdx.x % kWarp;
-    const int e = blockIdx.x * (blockDim.x / kWarp) + warp;
-    const int first = blockIdx.y * kRouteLogitsRows;
-    if (e >= experts || first >= rows) return;
-    const int count = min(kRouteLogitsRows, rows - first);
-    const float* w = gate + static_cast<size_t>(e) * hidden;
-    const float* in = x + static_cast<size_t>(first) * hidden;
-    float dot[kRouteLogitsRows];
-#pragma unroll
-    for (int r = 0; r < kRouteLogitsRows; ++r) dot[r] = 0.f;
-    if (hidden % 4 == 0) {
-        const float4* w4 = reinterpret_cast<const float4*>(w);
-#pragma unroll 2
-        for (int i = lane; i < hidden / 4; i += kWarp) {
-            const float4 b = w4[i];
-#pragma unroll
-            for (int r = 0; r < kRouteLogitsRows; ++r) {
-                if (r >= count) break;
-                const float4 a = reinterpret_cast<const float4*>(in + static_cast<size_t>(r) * hidden)[i];
-                dot[r] = fmaf(a.x, b.x, dot[r]); dot[r] = fmaf(a.y, b.y, dot[r]); dot[r] = fmaf(a.z, b.z, dot[r]); dot[r] = fmaf(a.w, b.w, dot[r]);
-            }
-        }
-    } else {
-        for (int i = lane; i < hidden; i += kWarp) {
-            const float b = w[i];
-#pragma unroll
-            for (int r = 0; r < kRouteLogitsRows; ++r) {
-                if (r >= count) break;
-                dot[r] = fmaf(in[static_cast<size_t>(r) * hidden + i], b, dot[r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < kRouteLogitsRows; ++r) {
-        if (r >= count) break;
-        const float sum = warp_sum(dot[r]);
-        if (lane == 0) {
-            float* row_scratch = scratch + static_cast<size_t>(first + r) * 2 * experts;
-            const float p = 1.0f / (1.0f + expf(-sum));
-            row_scratch[e] = p;
-            row_scratch[experts + e] = p + correction[e];
-        }
-    }
-}
-
 // out[row] = the experts' combine (moe_combine.cuh).
 extern "C" __global__ void tf_moe_combine(const float* __restrict__ expert_out, const float* __restrict__ weights,
                                           const float* __restrict__ shared, float* __restrict__ out,

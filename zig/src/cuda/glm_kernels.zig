@@ -18,7 +18,7 @@ pub const Module = gpu_mod.Module(&.{
     "tf_attention_prompt",       "tf_logits_summary_parts", "tf_dense_half",              "tf_dense_f32",               "tf_dense_splits",
     "tf_attention_prompt_f16",   "tf_attention_prompt_fp8", "tf_attention_heads_128_f16", "tf_attention_heads_128_fp8", "tf_attention_heads_64_f16",
     "tf_attention_heads_64_fp8", "tf_exl3_parts_linear",    "tf_exl3_group_linear8",      "tf_route_logits",            "tf_exl3_shared_item_linear",
-    "tf_exl3_group_linear4",     "tf_exl3_parts_linear4",
+    "tf_exl3_group_linear4",     "tf_exl3_parts_linear4",   "tf_route_logits_tiles",
 });
 
 /// tf_attention's dynamic shared memory (kAttentionSharedBytes in glm_forward.cu): two stages of
@@ -524,9 +524,13 @@ pub const Kernels = struct {
     /// Experts a router may have: tf_route's shared arrays (kRouteExpertsMax in moe_route.cuh).
     pub const route_experts_max = 512;
 
-    /// Rows from which the router's logits take their own launch (tf_route_logits, a block per 8
-    /// experts and 8 rows): a prompt chunk's. Fewer (decode steps) keep the one launch.
+    /// Rows from which the router's logits take their own launch (route_logits.cuh): a prompt
+    /// chunk's. Fewer (decode steps) keep the one launch.
     pub const route_logits_rows_min = 16;
+    /// tf_route_logits_tiles: a block per 16 rows and 16 experts (kRouteTile* in route_logits.cuh),
+    /// for hidden sizes it steps through 128 floats at a time; tf_route_logits otherwise.
+    const route_tile = 16;
+    const route_tile_hidden = 128;
 
     /// One launch: a block per (8 experts, row) for the logits, the last of a row's blocks choosing;
     /// for many rows, the logits launch and then a block a row choosing. The same bits either way.
@@ -535,7 +539,12 @@ pub const Kernels = struct {
         const apart = c.rows >= route_logits_rows_min;
         if (apart) {
             var l = .{ c.x, c.gate, c.correction, c.scratch, @as(c_int, @intCast(c.rows)), @as(c_int, @intCast(c.hidden)), @as(c_int, @intCast(c.experts)) };
-            try k.run("tf_route_logits", .{ blocks(c.experts, 8), blocks(c.rows, 8), 1 }, 256, .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] });
+            const args = .{ &l[0], &l[1], &l[2], &l[3], &l[4], &l[5], &l[6] };
+            if (c.hidden % route_tile_hidden == 0) {
+                try k.run("tf_route_logits_tiles", .{ blocks(c.experts, route_tile), blocks(c.rows, route_tile), 1 }, 256, args);
+            } else {
+                try k.run("tf_route_logits", .{ blocks(c.experts, 8), blocks(c.rows, 8), 1 }, 256, args);
+            }
         }
         const gate: Ptr = if (apart) 0 else c.gate;
         var a = .{
