@@ -20,6 +20,7 @@ const glm = tf.glm;
 const Diagnostic = tf.core.Diagnostic;
 const Report = @import("report.zig").Report;
 const upload = @import("device_upload.zig").upload;
+const Uploads = @import("device_upload.zig").Uploads;
 const forward_module = @import("forward_module.zig");
 
 const Case = struct {
@@ -92,12 +93,9 @@ fn runChains(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels
     defer gpa.free(correction);
     for (correction) |*v| v.* = random.floatNorm(f32) * 0.01;
 
-    const d_x = try upload(gpu, std.mem.sliceAsBytes(x), k.diag);
-    defer gpu.free(d_x);
-    const d_gate = try upload(gpu, std.mem.sliceAsBytes(gate), k.diag);
-    defer gpu.free(d_gate);
-    const d_correction = try upload(gpu, std.mem.sliceAsBytes(correction), k.diag);
-    defer gpu.free(d_correction);
+    var uploads: Uploads = .{ .gpu = gpu, .diag = k.diag };
+    defer uploads.deinit();
+    const d_x = try uploads.put(x);
     const scratch_bytes = rows * 2 * experts * 4;
     const d_scratch = try gpu.alloc(2 * scratch_bytes, k.diag); // the chunk's, then the rows'
     defer gpu.free(d_scratch);
@@ -111,8 +109,8 @@ fn runChains(gpa: std.mem.Allocator, gpu: *cuda.Gpu, k: cuda.glm_kernels.Kernels
 
     const route: cuda.glm_kernels.Kernels.Route = .{
         .x = d_x,
-        .gate = d_gate,
-        .correction = d_correction,
+        .gate = try uploads.put(gate),
+        .correction = try uploads.put(correction),
         .experts_out = d_out,
         .weights_out = d_out + items * 4,
         .pair_layers = d_out + items * 8,
