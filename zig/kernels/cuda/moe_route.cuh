@@ -23,6 +23,17 @@
 // prompt_layers and the GEMV's layers (experts_out, pair_layers) say -1, and the other way round.
 constexpr int kRouteExpertsMax = 512;  // the host refuses more (glm_kernels.zig route)
 
+namespace {
+// Expert e's scores in a row's scratch from its logit: the sigmoid (its weight) and the sigmoid
+// plus the correction bias (what tf_route picks by). One definition for the three launches that
+// compute logits (tf_route's own, route_logits.cuh's two), so they write the same bits.
+__device__ __forceinline__ void store_route_scores(float* row_scratch, int experts, int e, float logit, const float* __restrict__ correction) {
+    const float p = 1.0f / (1.0f + expf(-logit));
+    row_scratch[e] = p;
+    row_scratch[experts + e] = p + correction[e];
+}
+}  // namespace
+
 // Two blocks per SM as bounds: ptxas otherwise caps it at 32 registers on sm_90 (64 on sm_80-89)
 // and spills the logits' eight float4 loads in flight.
 extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __restrict__ x, const float* __restrict__ gate,
@@ -63,11 +74,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tf_route(const float* __res
             for (int i = lane; i < hidden; i += kWarp) dot = fmaf(in[i], w[i], dot);
         }
         dot = warp_sum(dot);
-        if (lane == 0) {
-            const float p = 1.0f / (1.0f + expf(-dot));
-            row_scratch[e] = p;
-            row_scratch[experts + e] = p + correction[e];
-        }
+        if (lane == 0) store_route_scores(row_scratch, experts, e, dot, correction);
     }
     if (!tf_last_block(counters + row, gridDim.x, &last_block)) return;
     for (int i = threadIdx.x; i < experts; i += blockDim.x) {

@@ -2,8 +2,8 @@
 // row's experts without its gate. Part of glm_forward.cu's module, included after the helpers it uses.
 //
 // Each (row, expert) is tf_route's own chain: lane l sums the products of float4s l, l + 32, ...
-// in ascending order (x, y, z, w), the warp's butterfly sums the lanes, the same sigmoid. So either
-// form here gives tf_route's bits.
+// in ascending order (x, y, z, w), the warp's butterfly sums the lanes, and store_route_scores
+// (moe_route.cuh) writes the scores. So either form here gives tf_route's bits.
 #pragma once
 #include "grid_dependency.cuh"
 #include "mma.cuh"
@@ -55,12 +55,7 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits(const float* _
     for (int r = 0; r < kRouteLogitsRows; ++r) {
         if (r >= count) break;
         const float sum = warp_sum(dot[r]);
-        if (lane == 0) {
-            float* row_scratch = scratch + static_cast<size_t>(first + r) * 2 * experts;
-            const float p = 1.0f / (1.0f + expf(-sum));
-            row_scratch[e] = p;
-            row_scratch[experts + e] = p + correction[e];
-        }
+        if (lane == 0) store_route_scores(scratch + static_cast<size_t>(first + r) * 2 * experts, experts, e, sum, correction);
     }
 }
 
@@ -148,10 +143,5 @@ extern "C" __global__ void __launch_bounds__(256) tf_route_logits_tiles(const fl
         }
     const int row = first_row + row_base + lane / kWarpExperts;
     const int e = first_expert + expert_base - kRouteTileRows + lane % kWarpExperts;
-    if (row < rows && e < experts) {
-        float* row_scratch = scratch + static_cast<size_t>(row) * 2 * experts;
-        const float p = 1.0f / (1.0f + expf(-mine));
-        row_scratch[e] = p;
-        row_scratch[experts + e] = p + correction[e];
-    }
+    if (row < rows && e < experts) store_route_scores(scratch + static_cast<size_t>(row) * 2 * experts, experts, e, mine, correction);
 }
