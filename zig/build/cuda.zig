@@ -85,6 +85,7 @@ const headers = [_][]const u8{
     "exl3_tile_decode.cuh",
     "exl3_trellis.cuh",
     "grid_dependency.cuh",
+    "group_items.cuh",
     "kv_store.cuh",
     "last_block.cuh",
     "logits_summary.cuh",

@@ -12,7 +12,8 @@
 //!   - 6 rows (a decode step's one launch) and 20 (the logits' own launch, a last group of 4 rows);
 //!   - the logits' own launch against tf_route's, row by row, on random f32 inputs, bit for bit
 //!     (their chains are the same): both of its forms, the tiles (hidden a multiple of 128) and
-//!     a warp per expert (other sizes), rows and experts past a whole block.
+//!     a warp per expert (other sizes), rows and experts past a whole block;
+//!   - the sort of the picks into groups by entry, tf_exl3_group_items (group_suite.zig).
 const std = @import("std");
 const tf = @import("trellisforge");
 const cuda = tf.cuda;
@@ -22,6 +23,7 @@ const Report = @import("report.zig").Report;
 const upload = @import("device_upload.zig").upload;
 const Uploads = @import("device_upload.zig").Uploads;
 const forward_module = @import("forward_module.zig");
+const group_suite = @import("group_suite.zig");
 
 const Case = struct {
     name: []const u8,
@@ -64,6 +66,7 @@ pub fn run(gpa: std.mem.Allocator, gpu: *cuda.Gpu, report: *Report) !void {
     var prng = std.Random.DefaultPrng.init(0x2047e);
     for (row_counts) |rows| for (cases) |case| try runCase(gpa, gpu, k, prng.random(), case, rows, report);
     for (chain_cases) |case| try runChains(gpa, gpu, k, prng.random(), case, report);
+    try group_suite.run(gpa, gpu, k, prng.random(), report);
 }
 
 const ChainCase = struct { hidden: usize, rows: usize, experts: usize };

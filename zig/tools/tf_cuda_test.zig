@@ -11,7 +11,8 @@
 //!                 bit for bit, and both vs f64 (mla_suite.zig); the latent attention's forms bit
 //!                 for bit and vs f64 (mla_attention_suite.zig)
 //!   route         the MoE router's launch equals the CPU router expert for expert, ties at the
-//!                 top-k cut, groups, a merged shared expert, prompt rows (route_suite.zig)
+//!                 top-k cut, groups, a merged shared expert, prompt rows (route_suite.zig); the
+//!                 sort of the picks into groups by entry (group_suite.zig)
 //!   nccl [--world N --rank R --master HOST:PORT]
 //!                 all-reduce, broadcast and all-gather exact, the all-reduce replayed from a
 //!                 graph, and the all-reduce bus bandwidth;

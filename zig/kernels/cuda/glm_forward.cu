@@ -151,6 +151,7 @@ extern "C" __global__ void tf_swiglu(float* __restrict__ gate, const float* __re
 }
 
 #include "exl3_linear.cuh"
+#include "group_items.cuh"
 
 // y = x · Wᵀ + b for an unquantized (out, in) f32 weight: one warp per (row, output), lanes stride
 // the input and reduce with the fixed butterfly.

@@ -101,7 +101,7 @@ pub const group_rows = 16;
 pub const group_rows_narrow = 8;
 /// The rows of tf_exl3_group_linear4's groups (kSharedRun in glm_forward.cu).
 pub const group_rows_together = 4;
-/// The grouping kernel's bound on table entries (its shared counters).
+/// The grouping kernel's bound on table entries (its shared counters: kGroupLayersMax).
 pub const group_layers_max = 1024;
 
 /// Groups the grouped path can form from `items` items over `layers` table entries.
@@ -248,7 +248,7 @@ pub const Kernels = struct {
     }
 
     /// Sorts `items` items by table entry (layer_of_item, or i / group_items when 0; entries of -1
-    /// are left out) into groups of at most `group_size` of one entry: one warp.
+    /// are left out) into groups of at most `group_size` of one entry: one block of eight warps.
     pub fn groupItems(k: Kernels, layer_of_item: Ptr, items: usize, group_items: usize, layers: usize, group_size: usize, g: Grouping) Error!void {
         std.debug.assert(layers <= group_layers_max);
         var sort = .{
@@ -258,7 +258,7 @@ pub const Kernels = struct {
         };
         var sort_ptrs: [sort.len]*anyopaque = undefined;
         inline for (0..sort.len) |i| sort_ptrs[i] = @ptrCast(&sort[i]);
-        try k.run("tf_exl3_group_items", .{ 1, 1, 1 }, 32, sort_ptrs);
+        try k.run("tf_exl3_group_items", .{ 1, 1, 1 }, 256, sort_ptrs);
     }
 
     fn exl3GroupLinear(k: Kernels, c: Exl3Call, g: Grouping, group_items: usize, layers: usize) Error!void {
