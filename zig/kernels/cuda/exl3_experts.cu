@@ -65,6 +65,11 @@ __device__ __forceinline__ void store_planes(const tf::RotatedPlanes& out, int o
     *reinterpret_cast<uint2*>(out.plane(op, 1) + at) = *reinterpret_cast<const uint2*>(lo);
 }
 
+// A block's group: the groups in reverse, so that a merged shared expert (the last table entry,
+// every row's item: whole groups) runs first and the launch ends on the routed experts' shorter
+// ones. Past the group count, -1 (the grid is sized for the most groups a call can make).
+__device__ __forceinline__ int block_group(const Groups& g) { return *g.total - 1 - static_cast<int>(blockIdx.y); }
+
 // The ring of tile column `column` of `layer` at tile row 0, and the words between tile rows.
 __device__ __forceinline__ const uint32_t* tile_column(const Exl3Layer& layer, int column, int bits2) {
     return reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(column) * 4 * bits2;
@@ -74,8 +79,8 @@ template <int K, int CB, int kM>
 __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int up_offset, const Exl3Layer* __restrict__ down_table,
                                         const Groups& g, tf::RotatedPlanes in, tf::RotatedPlanes out, int n_p, int width,
                                         unsigned char* shared) {
-    const int group = blockIdx.y;
-    if (group >= *g.total) return;
+    const int group = block_group(g);
+    if (group < 0) return;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int chunk = blockIdx.x;
@@ -132,8 +137,8 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
 template <int K, int CB, int kCols = 2, bool kDeep = false, int kM = tf::kPromptM>
 __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, const Groups& g, tf::RotatedPlanes in, float* __restrict__ y,
                                           int n_p, int out_features, unsigned char* shared) {
-    const int group = blockIdx.y;
-    if (group >= *g.total) return;
+    const int group = block_group(g);
+    if (group < 0) return;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int first = g.first[group];
