@@ -60,11 +60,14 @@ pub const MlpForm = enum {
 /// How a plain linear's prompt rows run; both give the same bits (every output the same chain in
 /// the same order), so the choice may follow the rows: `wide`, down's kernel, a block per 256
 /// columns and 64 rows (two tile columns a warp); `narrow`, a block per 128 columns (one a warp:
-/// twice the blocks, each with half the products per decoded input). The H200's table
-/// (docs/measurements.md, tf-bench --prompt-linears): narrow 1.3-1.4x faster where wide has at
-/// most 64 blocks, level at 80-128, up to 1.25x slower from 192; 128-row groups (each tile decoded
-/// once for twice the rows) were slower at every shape, so these kernels are bound by the products,
-/// not the decode. TF_CUDA_PROMPT_LINEAR=wide|narrow forces one (tests, benchmarks).
+/// twice the blocks, each with half the products per decoded input). The H200's tables
+/// (docs/measurements.md, tf-bench --prompt-linears): narrow 1.15-1.2x faster where wide has at
+/// most 64 blocks (1.3-1.4x in the first); 1.09-1.14x slower at 80 and 96 (GLM-4.7-Flash's q_b
+/// at 256 rows, GLM-5.3-Flash's qkv at 64; 2026-12-07); up to 1.4x slower from 192. 128-row
+/// groups (each tile decoded once for twice the rows) were slower at every shape, and so were
+/// groups of 32 on down's slim kernel (three blocks an SM: GLM-4.5-Air's q_proj at 256 rows
+/// 239.7 us against wide's 229.4), so these kernels are bound by the products, not the decode.
+/// TF_CUDA_PROMPT_LINEAR=wide|narrow forces one (tests, benchmarks).
 pub const LinearForm = enum {
     wide,
     narrow,
@@ -79,13 +82,13 @@ pub const LinearForm = enum {
     }
 
     /// The form for `items` rows of a weight of n_p columns split `splits` ways over k on
-    /// `multiprocessors` SMs: narrow while wide's blocks would leave SMs idle. Unsplit, that is
-    /// fewer blocks than SMs (the table above); split, fewer than two an SM, where the deep
-    /// launch was measured narrow (GLM-4.5-Air's k_proj, 64 to 512 blocks) and its weights' few
-    /// columns take the splits to fill the GPU.
+    /// `multiprocessors` SMs: narrow while wide's blocks would leave most SMs idle. Unsplit, that
+    /// is blocks for at most half the SMs (the table above); split, fewer than two an SM, where the
+    /// deep launch was measured narrow (GLM-4.5-Air's k_proj, 64 to 512 blocks) and its weights'
+    /// few columns take the splits to fill the GPU.
     pub fn choose(n_p: usize, items: usize, splits: usize, multiprocessors: usize) LinearForm {
         const wide_blocks = LinearForm.wide.blocks(n_p, items);
-        if (splits == 1) return if (wide_blocks < multiprocessors) .narrow else .wide;
+        if (splits == 1) return if (2 * wide_blocks <= multiprocessors) .narrow else .wide;
         return if (wide_blocks * splits < 2 * multiprocessors) .narrow else .wide;
     }
 
@@ -355,6 +358,9 @@ test "a plain linear's form: narrow while wide's blocks leave SMs idle" {
     try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 1, 132));
     try t.expectEqual(LinearForm.wide, LinearForm.choose(12288, 256, 1, 132)); // q_proj: 192 blocks
     try t.expectEqual(LinearForm.narrow, LinearForm.choose(1024, 1024, 1, 132)); // k_proj unsplit: 64 blocks
+    try t.expectEqual(LinearForm.narrow, LinearForm.choose(12288, 64, 1, 132)); // q_proj at 64 rows: 48
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(5120, 256, 1, 132)); // GLM-4.7-Flash q_b: 80
+    try t.expectEqual(LinearForm.wide, LinearForm.choose(24576, 64, 1, 132)); // GLM-5.3-Flash qkv: 96
     // Split: wide once its blocks fill two an SM.
     try t.expectEqual(LinearForm.narrow, LinearForm.choose(4096, 256, 2, 132)); // o_proj: 128 wide blocks
     try t.expectEqual(LinearForm.wide, LinearForm.choose(4096, 1024, 2, 132)); // 512
