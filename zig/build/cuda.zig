@@ -76,6 +76,7 @@ const headers = [_][]const u8{
     "attention_decode.cuh",
     "attention_heads.cuh",
     "attention_prompt.cuh",
+    "block_scan.cuh",
     "dense_linear.cuh",
     "exl3_codebook.cuh",
     "exl3_gemv.cuh",

@@ -4,10 +4,12 @@
 // order tf_mla_attention sums them in). Rows whose context fits index_topk select everything. The
 // host half is zig/src/cuda/dsa_kernels.zig.
 #include <stdint.h>
+#include "block_scan.cuh"
 #include "grid_dependency.cuh"
 
 namespace {
 
+using tf::block_scan;
 constexpr int kWarp = 32;
 constexpr int kIndexHeadDim = 128;  // index_head_dim of every GLM DSA model; the host refuses others
 constexpr int kIndexHeadsMax = 64;
@@ -34,27 +36,6 @@ __device__ __forceinline__ void rope_interleaved(float* x, const float* cs, int 
 __device__ __forceinline__ uint32_t order_key(float v) {
     const uint32_t bits = __float_as_uint(v == 0.f ? 0.f : v);  // -0 ties with +0
     return (bits >> 31) ? ~bits : bits | 0x80000000u;
-}
-
-// Exclusive prefix sum of `value` over the block, and the block's total; `scratch` holds a warp's
-// sums per warp.
-__device__ __forceinline__ int block_scan(int value, int* scratch, int* total) {
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    int inclusive = value;
-    for (int offset = 1; offset < kWarp; offset *= 2) {
-        const int other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
-        if (lane >= offset) inclusive += other;
-    }
-    if (lane == kWarp - 1) scratch[warp] = inclusive;
-    __syncthreads();
-    int before = 0, sum = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x) / kWarp; ++w) {
-        if (w < warp) before += scratch[w];
-        sum += scratch[w];
-    }
-    __syncthreads();
-    *total = sum;
-    return before + inclusive - value;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 // layers' starts and groups come from block scans, a thread per four layers.
 #pragma once
 
+#include "block_scan.cuh"
 #include "grid_dependency.cuh"
 
 namespace tf {
@@ -20,39 +21,6 @@ constexpr int kGroupWarps = 8;
 constexpr int kGroupThreads = kGroupWarps * 32;
 constexpr int kGroupLayersMax = 1024;  // glm_kernels.group_layers_max
 constexpr int kGroupLayersPerThread = kGroupLayersMax / kGroupThreads;
-
-// Exclusive prefix sums over the block's threads of (a, b), in thread order; b's total.
-__device__ __forceinline__ void block_exclusive_scan(int& a, int& b, int& total_b, int (*warp_sums)[2]) {
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    int sa = a, sb = b;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-        const int ua = __shfl_up_sync(0xFFFFFFFFu, sa, d);
-        const int ub = __shfl_up_sync(0xFFFFFFFFu, sb, d);
-        if (lane >= d) {
-            sa += ua;
-            sb += ub;
-        }
-    }
-    if (lane == 31) {
-        warp_sums[warp][0] = sa;
-        warp_sums[warp][1] = sb;
-    }
-    __syncthreads();
-    int before_a = 0, before_b = 0;
-    total_b = 0;
-#pragma unroll
-    for (int w = 0; w < kGroupWarps; ++w) {
-        if (w < warp) {
-            before_a += warp_sums[w][0];
-            before_b += warp_sums[w][1];
-        }
-        total_b += warp_sums[w][1];
-    }
-    a = before_a + sa - a;
-    b = before_b + sb - b;
-}
 
 }  // namespace tf
 
@@ -66,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(tf::kGroupThreads) tf_exl3_group_it
     // A run's count per layer; after the scans, the run's first place within the layer.
     __shared__ int counts[kGroupWarps][kGroupLayersMax];
     __shared__ int starts[kGroupLayersMax];
-    __shared__ int warp_sums[kGroupWarps][2];
+    __shared__ int warp_sums[kGroupWarps];
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     for (int l = threadIdx.x; l < layers; l += kGroupThreads)
@@ -123,8 +91,9 @@ extern "C" __global__ void __launch_bounds__(tf::kGroupThreads) tf_exl3_group_it
         items_here += sum;
         groups_here += (sum + group_size - 1) / group_size;
     }
-    int groups_total;
-    block_exclusive_scan(items_here, groups_here, groups_total, warp_sums);
+    int items_total, groups_total;
+    items_here = block_scan(items_here, warp_sums, &items_total);
+    groups_here = block_scan(groups_here, warp_sums, &groups_total);
 #pragma unroll
     for (int j = 0; j < kGroupLayersPerThread; ++j) {
         const int l = threadIdx.x * kGroupLayersPerThread + j;
