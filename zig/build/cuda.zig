@@ -83,6 +83,7 @@ const headers = [_][]const u8{
     "exl3_hadamard.cuh",
     "exl3_linear.cuh",
     "exl3_prompt.cuh",
+    "exl3_prompt_wgmma.cuh",
     "exl3_tile_decode.cuh",
     "exl3_trellis.cuh",
     "grid_dependency.cuh",
@@ -114,7 +115,9 @@ fn fatbin(
     var newest: []const u8 = "";
     var it = std.mem.tokenizeScalar(u8, sm, ',');
     while (it.next()) |arch| {
-        run.addArg(b.fmt("-gencode=arch=compute_{s},code=sm_{s}", .{ arch, arch }));
+        // Hopper's code as sm_90a: its warpgroup products (exl3_prompt_wgmma.cuh) need it.
+        const target = if (std.mem.eql(u8, arch, "90")) "90a" else arch;
+        run.addArg(b.fmt("-gencode=arch=compute_{s},code=sm_{s}", .{ target, target }));
         newest = arch;
     }
     // PTX of the newest arch lets a later GPU JIT the kernels instead of failing to load them.

@@ -24,6 +24,7 @@
 #include "exl3_codebook.cuh"
 #include "exl3_hadamard.cuh"
 #include "exl3_prompt.cuh"
+#include "exl3_prompt_wgmma.cuh"
 #include "swiglu.cuh"
 
 namespace {
@@ -70,6 +71,17 @@ __device__ __forceinline__ void store_planes(const tf::RotatedPlanes& out, int o
 // ones. Past the group count, -1 (the grid is sized for the most groups a call can make).
 __device__ __forceinline__ int block_group(const Groups& g) { return *g.total - 1 - static_cast<int>(blockIdx.y); }
 
+// The slim kernels take the warpgroup products where the arch has them (sm_90a):
+// exl3_prompt_wgmma.cuh.
+template <int kCols, int kM>
+__device__ __forceinline__ constexpr bool wgmma_form() { return tf::kPromptWgmma && kCols == 2 && kM == 2; }
+
+template <int kCols, int kM>
+__device__ __forceinline__ void stage(const tf::PromptAccOf<kCols, kM>& acc, int pass, float* staged) {
+    if constexpr (wgmma_form<kCols, kM>()) tf::stage_accumulators_wgmma(acc, pass, staged);
+    else tf::stage_accumulators<kCols, kM>(acc, pass, staged);
+}
+
 // The ring of tile column `column` of `layer` at tile row 0, and the words between tile rows.
 __device__ __forceinline__ const uint32_t* tile_column(const Exl3Layer& layer, int column, int bits2) {
     return reinterpret_cast<const uint32_t*>(layer.words) + static_cast<size_t>(column) * 4 * bits2;
@@ -90,8 +102,12 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
     const int column = chunk * kPromptWarps + warp;
     const uint32_t* const ring[2] = {tile_column(table[layer], column, 2 * K), tile_column(table[layer + up_offset], column, 2 * K)};
     tf::PromptAccOf<2, kM> acc;
-    tf::prompt_matmul<K, CB, 2, 2, kM>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, 0, in.k_p / tf::kPromptSlab,
-                                       reinterpret_cast<half*>(shared), acc);
+    if constexpr (wgmma_form<2, kM>())
+        tf::prompt_matmul_wgmma<K, CB, 2>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, 0, in.k_p / tf::kPromptSlab,
+                                          reinterpret_cast<half*>(shared), acc);
+    else
+        tf::prompt_matmul<K, CB, 2, 2, kM>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, 0, in.k_p / tf::kPromptSlab,
+                                           reinterpret_cast<half*>(shared), acc);
 
     // The epilogue's scales are read after the products: no registers held across them.
     const uint16_t* gate_svh = table[layer].svh;
@@ -100,7 +116,7 @@ __device__ __forceinline__ void gu_body(const Exl3Layer* __restrict__ table, int
     constexpr int kPass = tf::epilogue_rows(kM);
     float* staged = reinterpret_cast<float*>(shared);
     for (int pass = 0; pass * kPass < rows; ++pass) {
-        tf::stage_accumulators<2, kM>(acc, pass, staged);
+        stage<2, kM>(acc, pass, staged);
         __syncthreads();
         for (int r = warp; r < kPass && pass * kPass + r < rows; r += kPromptWarps) {
             float gv[4], uv[4];
@@ -153,15 +169,19 @@ __device__ __forceinline__ void down_body(const Exl3Layer* __restrict__ table, c
     const int slabs = in.k_p / tf::kPromptSlab;
     const int split = kDeep ? static_cast<int>(blockIdx.z) : 0;
     const int splits = kDeep ? static_cast<int>(gridDim.z) : 1;
-    tf::prompt_matmul<K, CB, 1, kCols, kM>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, split * slabs / splits,
-                                       (split + 1) * slabs / splits, reinterpret_cast<half*>(shared), acc);
+    if constexpr (wgmma_form<kCols, kM>())
+        tf::prompt_matmul_wgmma<K, CB, 1>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, split * slabs / splits,
+                                          (split + 1) * slabs / splits, reinterpret_cast<half*>(shared), acc);
+    else
+        tf::prompt_matmul<K, CB, 1, kCols, kM>(ring, static_cast<size_t>(n_p / 16) * 8 * K, in, first, rows, split * slabs / splits,
+                                               (split + 1) * slabs / splits, reinterpret_cast<half*>(shared), acc);
     if constexpr (kDeep) y += static_cast<size_t>(split) * in.slots * out_features;
 
     constexpr int kPass = tf::epilogue_rows(kM);
     float* staged = reinterpret_cast<float*>(shared);
     const int halves = second ? 2 : 1;
     for (int pass = 0; pass * kPass < rows; ++pass) {
-        tf::stage_accumulators<kCols, kM>(acc, pass, staged);
+        stage<kCols, kM>(acc, pass, staged);
         __syncthreads();
         for (int task = warp; task < kPass * halves; task += kPromptWarps) {
             const int r = task / halves;
@@ -195,7 +215,8 @@ __device__ __forceinline__ void gu_body_64(const Exl3Layer* __restrict__ table, 
 
 // The slim entries (tf_exl3_prompt_{gu,down}{,3,2}_32) for groups of up to 32 rows: half the
 // accumulators and half the shared memory, three blocks per SM where the 64-row kernels fit two
-// (on sm_90 and on the GB10's 100 KB SMs alike). A routed expert of a short chunk holds ~18 rows
+// (on sm_80-89 and on the GB10's 100 KB SMs alike; on sm_90a they run on the warpgroup products,
+// exl3_prompt_wgmma.cuh, two blocks an SM). A routed expert of a short chunk holds ~18 rows
 // (GLM-4.5-Air, 256 rows x 9 slots over 129 entries), so its decoded tiles serve a quarter of the
 // 64-row kernels' rows, and those kernels wait on the decode's chains with 4 warps a scheduler
 // (docs/measurements.md, 2026-11-29).
@@ -313,15 +334,15 @@ extern "C" __global__ void __launch_bounds__(256) tf_exl3_prompt_rotate(
 TF_PROMPT_GU(tf_exl3_prompt_gu, 4, gu_body_64, 64, 2)
 TF_PROMPT_GU(tf_exl3_prompt_gu3, 3, gu_body_64, 64, 2)
 TF_PROMPT_GU(tf_exl3_prompt_gu2, 2, gu_body_64, 64, 2)
-TF_PROMPT_GU(tf_exl3_prompt_gu_32, 4, gu_body_32, 32, 3)
-TF_PROMPT_GU(tf_exl3_prompt_gu3_32, 3, gu_body_32, 32, 3)
-TF_PROMPT_GU(tf_exl3_prompt_gu2_32, 2, gu_body_32, 32, 3)
+TF_PROMPT_GU(tf_exl3_prompt_gu_32, 4, gu_body_32, 32, (tf::kPromptWgmma ? 2 : 3))
+TF_PROMPT_GU(tf_exl3_prompt_gu3_32, 3, gu_body_32, 32, (tf::kPromptWgmma ? 2 : 3))
+TF_PROMPT_GU(tf_exl3_prompt_gu2_32, 2, gu_body_32, 32, (tf::kPromptWgmma ? 2 : 3))
 TF_PROMPT_OUT(tf_exl3_prompt_down, 4, down_body, tf::prompt_shared_bytes(2), 2)
 TF_PROMPT_OUT(tf_exl3_prompt_down3, 3, down_body, tf::prompt_shared_bytes(2), 2)
 TF_PROMPT_OUT(tf_exl3_prompt_down2, 2, down_body, tf::prompt_shared_bytes(2), 2)
-TF_PROMPT_OUT(tf_exl3_prompt_down_32, 4, down_body_32, tf::prompt_shared_bytes(2, 32), 3)
-TF_PROMPT_OUT(tf_exl3_prompt_down3_32, 3, down_body_32, tf::prompt_shared_bytes(2, 32), 3)
-TF_PROMPT_OUT(tf_exl3_prompt_down2_32, 2, down_body_32, tf::prompt_shared_bytes(2, 32), 3)
+TF_PROMPT_OUT(tf_exl3_prompt_down_32, 4, down_body_32, tf::prompt_shared_bytes(2, 32), (tf::kPromptWgmma ? 2 : 3))
+TF_PROMPT_OUT(tf_exl3_prompt_down3_32, 3, down_body_32, tf::prompt_shared_bytes(2, 32), (tf::kPromptWgmma ? 2 : 3))
+TF_PROMPT_OUT(tf_exl3_prompt_down2_32, 2, down_body_32, tf::prompt_shared_bytes(2, 32), (tf::kPromptWgmma ? 2 : 3))
 TF_PROMPT_OUT(tf_exl3_prompt_narrow, 4, narrow_body, tf::prompt_shared_bytes(1), 2)
 TF_PROMPT_OUT(tf_exl3_prompt_narrow3, 3, narrow_body, tf::prompt_shared_bytes(1), 2)
 TF_PROMPT_OUT(tf_exl3_prompt_narrow2, 2, narrow_body, tf::prompt_shared_bytes(1), 2)

@@ -33,11 +33,11 @@ pub const group_rows = 64;
 /// How an MLP's prompt items run (both give the same bits: every output the same chain in the same
 /// order, whatever its group's size): `full`, groups of up to 64 items on the kernels with 64 rows
 /// of accumulators; `slim`, groups of up to 32 on the `_32` kernels, whose half the accumulators
-/// fit three blocks per SM where the full ones fit two. The routed experts of a short chunk hold
-/// few items each (GLM-4.5-Air at 256 rows: ~18 per entry), so the full kernels' decoded tiles
-/// serve a quarter of their rows and wait on the decode with 4 warps a scheduler; an entry of more
-/// than 32 items costs the slim kernels a second decode of its tiles. TF_CUDA_PROMPT_EXPERTS=
-/// full|slim forces one (tests, benchmarks).
+/// fit three blocks per SM where the full ones fit two (on sm_90a two, on the warpgroup products).
+/// The routed experts of a short chunk hold few items each (GLM-4.5-Air at 256 rows: ~18 per
+/// entry), so the full kernels' decoded tiles serve a quarter of their rows and wait on the decode
+/// with 4 warps a scheduler; an entry of more than 32 items costs the slim kernels a second decode
+/// of its tiles. TF_CUDA_PROMPT_EXPERTS=full|slim forces one (tests, benchmarks).
 pub const MlpForm = enum {
     full,
     slim,
